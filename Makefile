@@ -1,0 +1,34 @@
+# Two commands do all set-up: `make lab` and `make test`. Set-up is idempotent.
+PY_SYS ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: setup model lab test demo bench clean
+
+setup: $(STAMP) model
+
+# torch is installed first and pinned, so pip takes the CPU build and never a CUDA one.
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PY_SYS) -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check torch==2.13.0
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[lab,test]'
+	touch $(STAMP)
+
+model: $(STAMP)
+	$(PY) -m specdec_lab fetch
+
+lab: setup
+	$(VENV)/bin/jupyter lab notebooks/
+
+test: setup
+	$(PY) -m pytest -q tests
+
+demo: setup
+	$(PY) -m specdec_lab generate --prompt "Why is the sky blue?" --k 4 --max-new-tokens 64
+
+bench: setup
+	$(PY) -m specdec_lab bench
+
+clean:
+	rm -rf $(VENV) .pytest_cache

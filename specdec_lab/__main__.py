@@ -1,0 +1,67 @@
+"""Command line: python -m specdec_lab {fetch, generate, acceptance, distill, bench}."""
+import argparse
+import json
+import sys
+
+
+def _pair(args):
+    import specdec_lab as sl
+    if getattr(args, "target", None):
+        return sl.load_pair(args.target, args.draft, device=args.device) if args.draft else None
+    return sl.load_default_pair(device=args.device)
+
+
+def cmd_fetch(args):
+    from .assets import ensure_default_target
+    print(ensure_default_target())
+
+
+def cmd_generate(args):
+    import specdec_lab as sl
+    from .pair import load_model_cached
+    from .assets import ensure_default_target
+    if args.k == 0:
+        target = load_model_cached(args.target or ensure_default_target(), args.device)
+        res = sl.autoregressive_generate(target, args.prompt, max_new_tokens=args.max_new_tokens,
+                                         temperature=args.temperature, top_p=args.top_p, seed=args.seed)
+    else:
+        pair = sl.load_pair(args.target, args.draft, args.device) if args.target else sl.load_default_pair(args.device)
+        engine = sl.SpeculativeEngine(pair.target, pair.draft, k=args.k)
+        res = engine.generate(args.prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                              top_p=args.top_p, seed=args.seed)
+    s = res.stats
+    if args.json:
+        print(json.dumps({"text": res.text, "tokens": res.tokens, "stats": s.as_dict()}))
+    else:
+        print(res.text)
+        print(f"\n[{s.new_tokens} tokens in {s.seconds:.2f} s: {s.tokens_per_second:.1f} tokens/s, "
+              f"{s.mean_tokens_per_step:.2f} tokens/step, acceptance {s.acceptance_rate:.2f}, "
+              f"{s.syncs_per_step:.1f} host syncs/step]", file=sys.stderr)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m specdec_lab", description=__doc__)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("fetch", help="download and convert the default target (idempotent)")
+    g = sub.add_parser("generate", help="generate text (autoregressive with --k 0)")
+    g.add_argument("--prompt", required=True)
+    g.add_argument("--k", type=int, default=0, help="draft length; 0 = plain autoregressive decoding")
+    g.add_argument("--max-new-tokens", type=int, default=128)
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--target", help="hub id, folder or .gguf (default: SmolLM2-135M-Instruct)")
+    g.add_argument("--draft", help="hub id or folder of the draft (default: the shipped draft)")
+    g.add_argument("--device", default="cpu")
+    g.add_argument("--json", action="store_true", help="print one JSON document")
+    args = ap.parse_args(argv)
+    try:
+        {"fetch": cmd_fetch, "generate": cmd_generate}[args.cmd](args)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,263 @@
+"""Distilling a small draft for a target: data on the target's own distribution, then KL.
+
+Contract:
+- `generate_data(target, tokenizer, out_dir, ...)` answers the project's prompt
+  set (prompts.py) with the target, batched, and stores for every answer token
+  the target's top-k log-probabilities, so that training needs no second
+  target pass. Shards are written one batch at a time; a rerun skips what exists.
+- `train_draft(...)` trains a small Llama-family draft with the forward KL
+  against the stored target distribution (restricted to its top-k and
+  renormalised), reporting held-out greedy agreement (alpha at temperature 0).
+
+Why KL against the full distribution, not cross-entropy on sampled tokens: the
+draft's acceptance is E[min(1, p/q)] = 1 - TV(p, q) (arXiv 2211.17192,
+section 3.1), so it pays to match p everywhere, not only at the sampled token.
+"""
+import math
+import time
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from .kv_cache import KVCache
+from .prompts import distill_prompts, split_prompts
+from .sampling import logits_to_probs, make_generator, sample
+from .text import encode_prompt
+
+
+def _prefill_mask(pad: torch.Tensor, n: int) -> torch.Tensor:
+    """Causal (B, 1, n, n) mask that also hides each row's left padding.
+    A pad row still sees itself, so no softmax row is all -inf (that would put NaN in the cache)."""
+    row = torch.arange(n).view(1, n, 1)
+    col = torch.arange(n).view(1, 1, n)
+    allowed = (col <= row) & ((col >= pad.view(-1, 1, 1)) | (col == row))  # (B, n, n)
+    return torch.zeros(allowed.shape).masked_fill(~allowed, float("-inf")).unsqueeze(1)
+
+
+@torch.no_grad()
+def sample_batch(model, prompts: list[list[int]], max_new_tokens: int, temperature: float,
+                 generator: torch.Generator, top_k_store: int = 64):
+    """Answer a batch of prompts; returns per prompt (answer ids, top-k ids, top-k log-probs)."""
+    B, n = len(prompts), max(len(p) for p in prompts)
+    eos = torch.tensor(model.cfg.eos_token_ids)
+    pad = torch.tensor([n - len(p) for p in prompts])
+    tokens = torch.full((B, n), int(eos[0]))
+    for b, p in enumerate(prompts):
+        tokens[b, n - len(p):] = torch.tensor(p)
+    cache = KVCache.for_model(model.cfg, n + max_new_tokens, batch_size=B)
+    logits = model(tokens, cache=cache, mask=_prefill_mask(pad, n), last_only=True)[:, -1]  # (B, V)
+    out, top_ids, top_lp = [], [], []
+    done = torch.zeros(B, dtype=torch.bool)
+    for _ in range(max_new_tokens):
+        lp = logits.log_softmax(-1).topk(top_k_store, dim=-1)
+        top_ids.append(lp.indices.to(torch.int32))
+        top_lp.append(lp.values.half())
+        nxt = sample(logits_to_probs(logits, temperature), generator)
+        nxt = torch.where(done, eos[0], nxt)
+        out.append(nxt)
+        done |= torch.isin(nxt, eos)
+        if bool(done.all()):  # sync: fine here, data generation is offline
+            break
+        col = torch.arange(cache.length + 1)
+        mask = torch.zeros(B, 1, 1, cache.length + 1).masked_fill(col < pad.view(-1, 1, 1, 1), float("-inf"))
+        logits = model(nxt[:, None], cache=cache, mask=mask)[:, -1]
+    out, top_ids, top_lp = torch.stack(out, 1), torch.stack(top_ids, 1), torch.stack(top_lp, 1)
+    results = []
+    for b in range(B):
+        ids = out[b].tolist()
+        stop = next((i + 1 for i, t in enumerate(ids) if t in model.cfg.eos_token_ids), len(ids))
+        results.append((out[b, :stop].clone(), top_ids[b, :stop].clone(), top_lp[b, :stop].clone()))
+    return results
+
+
+def generate_data(target, tokenizer, out_dir, rounds=(0.7, 0.0, 1.0), batch_size=16,
+                  max_new_tokens=256, top_k_store=64, seed=0, prompts=None, progress=True):
+    """Write shards round{r}_{i}.pt under out_dir. Each round answers every prompt once at its temperature."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    prompts = prompts if prompts is not None else distill_prompts()
+    encoded = [encode_prompt(tokenizer, p) for p in prompts]
+    order = sorted(range(len(prompts)), key=lambda i: len(encoded[i]))  # similar lengths batch together
+    batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+    total = len(rounds) * len(batches)
+    bar = tqdm(total=total, desc="target answers", disable=not progress)
+    t0, n_tokens = time.time(), 0
+    for r, temp in enumerate(rounds):
+        g = make_generator(seed + 1000 * r, "cpu")
+        for i, idx in enumerate(batches):
+            path = out_dir / f"round{r}_{i:04d}.pt"
+            if path.exists():
+                bar.update(1)
+                continue
+            res = sample_batch(target, [encoded[j] for j in idx], max_new_tokens, temp, g, top_k_store)
+            shard = {"prompt_index": idx, "temperature": temp,
+                     "prompt_ids": [torch.tensor(encoded[j], dtype=torch.int32) for j in idx],
+                     "answer_ids": [a.to(torch.int32) for a, _, _ in res],
+                     "top_ids": [t for _, t, _ in res], "top_logprobs": [l for _, _, l in res]}
+            torch.save(shard, str(path) + ".partial")
+            Path(str(path) + ".partial").replace(path)
+            n_tokens += sum(len(a) for a, _, _ in res)
+            bar.update(1)
+            bar.set_postfix(round=r, temp=temp, tok_s=f"{n_tokens / (time.time() - t0):.0f}")
+    bar.close()
+    return out_dir
+
+
+# ----------------------------------------------------------------------------- training
+
+def load_shards(data_dir, held_out: set):
+    """(train, held) lists of examples (prompt_ids, answer_ids, top_ids, top_logprobs, temperature)."""
+    train, held = [], []
+    for path in sorted(Path(data_dir).glob("round*.pt")):
+        shard = torch.load(path)
+        for j, idx in enumerate(shard["prompt_index"]):
+            ex = (shard["prompt_ids"][j].long(), shard["answer_ids"][j].long(), shard["top_ids"][j].long(),
+                  shard["top_logprobs"][j].float(), shard["temperature"])
+            (held if idx in held_out else train).append(ex)
+    return train, held
+
+
+def draft_config(target_cfg, dim=256, n_layers=3, n_heads=4, n_kv_heads=2, intermediate_size=640):
+    """A narrow, shallow Llama decoder with the target's vocabulary and rotary settings."""
+    from .config import ModelConfig
+    return ModelConfig(vocab_size=target_cfg.vocab_size, dim=dim, n_layers=n_layers, n_heads=n_heads,
+                       n_kv_heads=n_kv_heads, head_dim=dim // n_heads, intermediate_size=intermediate_size,
+                       norm_eps=target_cfg.norm_eps, rope_theta=target_cfg.rope_theta,
+                       rope_scaling=target_cfg.rope_scaling, max_seq_len=min(target_cfg.max_seq_len, 4096),
+                       tie_embeddings=True, eos_token_ids=target_cfg.eos_token_ids)
+
+
+def pca_embeddings(target_embed: torch.Tensor, dim: int) -> torch.Tensor:
+    """Project the target's (V, dim_t) embeddings onto their top `dim` principal directions, (V, dim).
+    Tokens that the target treats alike start alike in the draft."""
+    E = target_embed.float()
+    E = E - E.mean(0, keepdim=True)
+    _, _, Vh = torch.linalg.svd(E, full_matrices=False)  # Vh (dim_t, dim_t)
+    proj = E @ Vh[:dim].T  # (V, dim)
+    return proj * (0.02 / proj.std())  # the scale of a freshly initialised embedding
+
+
+def make_batches(examples, max_tokens, generator):
+    """Length-sorted batches of about max_tokens tokens, shuffled batch order."""
+    order = sorted(range(len(examples)), key=lambda i: len(examples[i][0]) + len(examples[i][1]))
+    batches, cur, cur_len = [], [], 0
+    for i in order:
+        n = len(examples[i][0]) + len(examples[i][1])
+        if cur and (len(cur) + 1) * max(cur_len, n) > max_tokens:
+            batches.append(cur)
+            cur, cur_len = [], 0
+        cur.append(i)
+        cur_len = max(cur_len, n)
+    if cur:
+        batches.append(cur)
+    perm = torch.randperm(len(batches), generator=generator).tolist()
+    return [batches[i] for i in perm]
+
+
+def collate(examples, idx, pad_id):
+    """Right-padded inputs (B, N), and for every answer position its target top-k and a weight."""
+    seqs = [torch.cat([examples[i][0], examples[i][1]]) for i in idx]
+    N = max(len(s) for s in seqs) - 1
+    k = examples[idx[0]][2].shape[-1]
+    x = torch.full((len(idx), N), pad_id, dtype=torch.long)
+    tgt_ids = torch.zeros(len(idx), N, k, dtype=torch.long)
+    tgt_lp = torch.full((len(idx), N, k), float("-inf"))
+    weight = torch.zeros(len(idx), N)
+    for b, i in enumerate(idx):
+        prompt, answer, top_ids, top_lp, _ = examples[i]
+        s = seqs[b][:-1]
+        x[b, :len(s)] = s
+        start = len(prompt) - 1  # the position whose output predicts answer[0]
+        tgt_ids[b, start:start + len(answer)] = top_ids
+        tgt_lp[b, start:start + len(answer)] = top_lp
+        weight[b, start:start + len(answer)] = 1.0
+    return x, tgt_ids, tgt_lp, weight
+
+
+def kl_loss(logits, tgt_ids, tgt_lp, weight):
+    """Forward KL(p || q) with p the target's top-k renormalised, averaged over answer positions."""
+    logq = logits.float().log_softmax(-1).gather(-1, tgt_ids)  # (B, N, k)
+    p = tgt_lp.softmax(-1)  # renormalise the stored top-k
+    per_pos = (p * (p.clamp_min(1e-12).log() - logq)).sum(-1)  # (B, N)
+    return (per_pos * weight).sum() / weight.sum().clamp_min(1)
+
+
+@torch.no_grad()
+def held_out_agreement(draft, examples, max_tokens=4096):
+    """Greedy alpha on held-out answers: how often the draft's argmax equals the target's."""
+    if not examples:
+        return float("nan")
+    hits = total = 0
+    for idx in make_batches(examples, max_tokens, torch.Generator().manual_seed(0)):
+        x, tgt_ids, _, weight = collate(examples, idx, draft.cfg.eos_token_ids[0])
+        pred = draft(x).argmax(-1)  # (B, N)
+        hits += ((pred == tgt_ids[..., 0]).float() * weight).sum().item()
+        total += weight.sum().item()
+    return hits / max(total, 1)
+
+
+def train_draft(draft, examples, held, out_dir=None, epochs=4, lr=2e-3, max_tokens=4096, seed=0,
+                eval_every=100, progress=True, log=None):
+    """Train `draft` (a Transformer) on stored target distributions; resumable from out_dir/ckpt.pt.
+    Returns the list of (tokens seen, held-out agreement) points: the alpha curve."""
+    g = torch.Generator().manual_seed(seed)
+    draft.train().requires_grad_(True)
+    opt = torch.optim.AdamW(draft.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
+    plan = [make_batches(examples, max_tokens, g) for _ in range(epochs)]
+    total_steps = sum(len(p) for p in plan)
+    step, seen, curve = 0, 0, []
+    ckpt = Path(out_dir) / "ckpt.pt" if out_dir else None
+    if ckpt is not None and ckpt.exists():
+        state = torch.load(ckpt)
+        draft.load_state_dict(state["model"])
+        opt.load_state_dict(state["opt"])
+        step, seen, curve = state["step"], state["seen"], state["curve"]
+    flat = [b for p in plan for b in p]
+    bar = tqdm(total=total_steps, initial=step, desc="distilling", disable=not progress)
+    warmup = min(100, total_steps // 10 + 1)
+    while step < total_steps:
+        lr_now = lr * min(1.0, (step + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * step / total_steps))
+        for group in opt.param_groups:
+            group["lr"] = lr_now
+        x, tgt_ids, tgt_lp, weight = collate(examples, flat[step], draft.cfg.eos_token_ids[0])
+        loss = kl_loss(draft(x), tgt_ids, tgt_lp, weight)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
+        opt.step()
+        step += 1
+        seen += int(weight.sum())
+        if step % eval_every == 0 or step == total_steps:
+            draft.eval()
+            alpha = held_out_agreement(draft, held)
+            draft.train()
+            curve.append((seen, alpha))
+            bar.set_postfix(loss=f"{loss.item():.3f}", alpha=f"{alpha:.3f}")
+            if log:
+                log(step, seen, loss.item(), alpha)
+            if ckpt is not None:
+                torch.save({"model": draft.state_dict(), "opt": opt.state_dict(), "step": step,
+                            "seen": seen, "curve": curve}, ckpt)
+        else:
+            bar.set_postfix(loss=f"{loss.item():.3f}", alpha=f"{curve[-1][1]:.3f}" if curve else "-")
+        bar.update(1)
+    bar.close()
+    return draft.eval().requires_grad_(False), curve
+
+
+def save_draft(draft, out_dir, dtype=torch.float16, card: str | None = None):
+    """Hugging Face format: config.json + model.safetensors (transformers can load it too)."""
+    import json
+    from safetensors.torch import save_file
+    from .weights import config_to_hf, to_hf_state_dict
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    sd = {k: v.to(dtype) for k, v in to_hf_state_dict(draft).items()}
+    save_file(sd, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    hf = config_to_hf(draft.cfg)
+    hf["torch_dtype"] = str(dtype).replace("torch.", "")
+    (out_dir / "config.json").write_text(json.dumps(hf, indent=2))
+    if card:
+        (out_dir / "README.md").write_text(card)
+    return out_dir

@@ -1,0 +1,148 @@
+"""Drafters: whatever proposes d_1..d_k, together with the q each was drawn from.
+
+Interface (the engine relies on nothing else):
+  prefill(prompt_ids)                  see the prompt; its last token stays pending
+  propose(k, sampling, generator)      -> (draft_ids (k,) int64 on device, q (k, V) or None)
+                                          q None means one-hot at the drafted tokens
+  commit(k, drafted, num_accepted, next_token)
+                                       the target's verdict (host ints); keep the cache consistent
+  reset()
+
+ModelDrafter's cache invariant: it holds every committed token except those in
+`pending`, which are fed at the start of the next proposal. After a step with
+n accepted out of k, the cache holds [.., c, d_1..d_{k-1}]: keep c, d_1..d_n.
+When all k were accepted, d_k was drafted but never fed to the draft, so it
+joins the next token in `pending`. (The seed article keeps `accepted` entries
+instead of `accepted + 1` and never feeds d_k: its draft cache drifts.)
+"""
+import torch
+
+from .kv_cache import KVCache
+from .sampling import logits_to_probs, sample
+
+
+class ModelDrafter:
+    def __init__(self, model, capacity, cache_factory=KVCache.for_model):
+        self.model = model
+        self.cache = cache_factory(model.cfg, capacity, dtype=model.dtype, device=model.device)
+        self.pending = []  # committed tokens the draft's cache has not seen yet
+
+    def reset(self):
+        self.cache.reset()
+        self.pending = []
+
+    def prefill(self, prompt_ids):
+        self.reset()
+        if len(prompt_ids) > 1:
+            self.model(torch.tensor([prompt_ids[:-1]], device=self.model.device), cache=self.cache, last_only=True)
+        self.pending = [prompt_ids[-1]]
+
+    def propose(self, k, sampling, generator):
+        device = self.model.device
+        x = torch.tensor([self.pending], device=device)  # (1, T): 1 or 2 tokens
+        ids, qs = [], []
+        for i in range(k):
+            logits = self.model(x, cache=self.cache, last_only=True)[0, -1]  # (V,)
+            if sampling.greedy:
+                d = logits.argmax(-1)
+            else:
+                q = logits_to_probs(logits, sampling.temperature, sampling.top_k, sampling.top_p)
+                d = sample(q, generator)
+                qs.append(q)
+            ids.append(d)
+            x = d.view(1, 1)
+        draft_ids = torch.stack(ids) if ids else torch.empty(0, dtype=torch.long, device=device)
+        q = torch.stack(qs) if qs else None
+        return draft_ids, q
+
+    def commit(self, k, drafted, num_accepted, next_token):
+        # The cache now holds pending + d_1..d_{k-1}; keep pending + d_1..d_n.
+        base = self.cache.length - (k - 1) if k > 0 else self.cache.length
+        if k > 0 and num_accepted < k:
+            self.cache.rollback(base + num_accepted)
+            self.pending = [next_token]
+        elif k > 0:
+            self.pending = [drafted[-1], next_token]  # d_k was never fed to the draft
+        else:
+            self.pending = self.pending + [next_token]
+
+
+def ngram_lookup_reference(context, k, max_ngram=3, min_ngram=1):
+    """The readable twin of NGramDrafter's lookup: scan the context from the end.
+
+    For n from max_ngram down to min_ngram, find the most recent earlier
+    occurrence of the context's last n tokens and return up to k tokens that
+    followed it, copying on past the end of the context as the continuation
+    itself goes (an overlapping copy, as in LZ77). No match: [].
+    """
+    L = len(context)
+    for n in range(max_ngram, min_ngram - 1, -1):
+        if L < n + 1:
+            continue
+        suffix = context[L - n:]
+        for start in range(L - n - 1, -1, -1):  # occurrences that end before the suffix does
+            if context[start:start + n] == suffix:
+                out = []
+                for i in range(k):
+                    j = start + n + i
+                    out.append(context[j] if j < L else out[j - L])
+                return out
+    return []
+
+
+class NGramDrafter:
+    """Prompt lookup: propose the tokens that followed the latest earlier match of the context's suffix.
+
+    No model and no cache: the drafter keeps the committed token ids (prompt
+    included) and an index from each n-gram (min_ngram <= n <= max_ngram) to the
+    position right after its most recent occurrence that has a successor, so a
+    lookup costs O(max_ngram) instead of a scan. Proposals are one-hot (q None):
+    the engine's verification keeps sampling lossless. With no match it proposes
+    nothing and the engine takes a plain one-token target step.
+    """
+
+    def __init__(self, max_ngram=3, min_ngram=1, device="cpu"):
+        for name, value in (("max_ngram", max_ngram), ("min_ngram", min_ngram)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        if min_ngram > max_ngram:
+            raise ValueError(f"min_ngram ({min_ngram}) must not exceed max_ngram ({max_ngram})")
+        self.max_ngram, self.min_ngram = max_ngram, min_ngram
+        self.device = torch.device(device)
+        self.reset()
+
+    def reset(self):
+        self.context = []  # committed token ids, prompt included
+        self.next_after = {}  # n-gram tuple -> index of the token after its latest occurrence
+
+    def prefill(self, prompt_ids):
+        self.reset()
+        self._extend(prompt_ids)
+
+    def _extend(self, tokens):
+        for t in tokens:
+            self.context.append(int(t))
+            L = len(self.context)
+            # The n-grams that end just before the new token now have a successor at L - 1.
+            for n in range(self.min_ngram, min(self.max_ngram, L - 1) + 1):
+                self.next_after[tuple(self.context[L - 1 - n:L - 1])] = L - 1
+
+    def lookup(self, k) -> list:
+        """Up to k token ids (host ints) that followed the longest matching suffix; [] without a match."""
+        ctx, L = self.context, len(self.context)
+        for n in range(min(self.max_ngram, L), self.min_ngram - 1, -1):
+            start = self.next_after.get(tuple(ctx[L - n:]))
+            if start is not None:
+                out = []
+                for i in range(k):
+                    j = start + i
+                    out.append(ctx[j] if j < L else out[j - L])  # copy on through the proposal itself
+                return out
+        return []
+
+    def propose(self, k, sampling, generator):
+        draft_ids = torch.tensor(self.lookup(k), dtype=torch.long, device=self.device)  # (k',), k' in {0, k}
+        return draft_ids, None
+
+    def commit(self, k, drafted, num_accepted, next_token):
+        self._extend(list(drafted[:num_accepted]) + [next_token])

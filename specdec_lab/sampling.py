@@ -1,0 +1,59 @@
+"""From logits to the distribution a token is drawn from, and drawing it without a host sync.
+
+The same function turns the target's logits into p and the draft's into q, so
+temperature, top-k and top-p act identically on both; speculative sampling is
+lossless with respect to *this* processed p (arXiv 2211.17192, section 2.3).
+
+Temperature 0 is greedy and takes its own path: the distribution is one-hot at
+the argmax, and nothing is divided by zero.
+
+Drawing: argmax(p / E) with E ~ Exponential(1) i.i.d. picks index i with
+probability p_i (the exponential race), stays on the device, and takes an
+explicit torch.Generator so seeded runs repeat.
+"""
+import torch
+
+
+def check_sampling_args(temperature, top_p, top_k=0):
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or temperature < 0 \
+            or temperature != temperature:
+        raise ValueError(f"temperature must be a number >= 0, got {temperature!r}")
+    if isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not (0.0 < top_p <= 1.0):
+        raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
+        raise ValueError(f"top_k must be an int >= 0 (0 disables it), got {top_k!r}")
+
+
+def logits_to_probs(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
+    """(..., V) logits -> (..., V) float32 probabilities after temperature, top-k and top-p."""
+    logits = logits.float()
+    if temperature == 0:
+        return torch.zeros_like(logits).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
+    logits = logits / temperature
+    if top_k and top_k < logits.shape[-1]:
+        kth = logits.topk(top_k, dim=-1).values[..., -1:]  # (..., 1)
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = logits.softmax(-1)
+    if top_p < 1.0:
+        sorted_p, order = probs.sort(-1, descending=True)
+        mass_before = sorted_p.cumsum(-1) - sorted_p  # mass of the tokens ranked above each one
+        drop_sorted = mass_before >= top_p  # keep the smallest prefix whose mass reaches top_p
+        drop = drop_sorted.scatter(-1, order, drop_sorted)
+        probs = probs.masked_fill(drop, 0.0)
+        probs = probs / probs.sum(-1, keepdim=True)
+    return probs
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Draw one index per row of (..., V) probabilities; returns (...,) int64 on the device."""
+    e = torch.empty_like(probs).exponential_(generator=generator)
+    return (probs / e).argmax(-1)
+
+
+def make_generator(seed, device) -> torch.Generator:
+    g = torch.Generator(device=device)
+    if seed is None:
+        g.seed()
+    else:
+        g.manual_seed(int(seed))
+    return g
