@@ -108,7 +108,6 @@ class ThresholdController(_Controller):
         if low > high:
             raise ValueError(f"low ({low}) must not exceed high ({high})")
         self.low, self.high, self.decay = low, high, decay
-        MovingRatio(decay)  # checks decay before any state is set
         super().__init__(k_min, k_max, k_max if k_start is None else k_start, warmup)
 
     def reset(self):
@@ -150,7 +149,6 @@ class CostAwareController(_Controller):
         if c is not None and (isinstance(c, bool) or not isinstance(c, (int, float)) or not c >= 0 or math.isinf(c)):
             raise ValueError(f"c must be None (measure it) or a finite number >= 0, got {c!r}")
         self.decay, self.fixed_c = decay, c
-        MovingRatio(decay)  # checks decay before any state is set
         super().__init__(k_min, k_max, k_start, warmup)
 
     def reset(self):

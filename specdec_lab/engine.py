@@ -103,7 +103,8 @@ class SpeculativeEngine:
     engine = SpeculativeEngine(target, draft, k=4); engine.generate(prompt, ...)
     `draft` is a Transformer sharing the target's vocabulary, or any drafter object
     with the interface of drafters.py. `verifier="reference"` runs the readable
-    loop (one sync per draft token) instead of the vectorised one, to compare.
+    loop (one sync per draft token) instead of the vectorised one, to compare;
+    a function with verify's signature can be passed too (the notebooks pass broken ones).
     """
 
     def __init__(self, target, draft, k=4, max_seq_len=2048, cache="contiguous", block_size=16,
@@ -112,8 +113,8 @@ class SpeculativeEngine:
             raise ValueError(f"k must be an int in [1, {MAX_K}], got {k!r}")
         if cache not in ("contiguous", "paged"):
             raise ValueError(f"cache must be 'contiguous' or 'paged', got {cache!r}")
-        if verifier not in ("device", "reference"):
-            raise ValueError(f"verifier must be 'device' or 'reference', got {verifier!r}")
+        if verifier not in ("device", "reference") and not callable(verifier):
+            raise ValueError(f"verifier must be 'device', 'reference' or a function like verify, got {verifier!r}")
         if isinstance(max_seq_len, bool) or not isinstance(max_seq_len, int) or max_seq_len < 2:
             raise ValueError(f"max_seq_len must be an int >= 2, got {max_seq_len!r}")
         if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
@@ -205,7 +206,7 @@ class SpeculativeEngine:
                 1, draft_ids.view(k, 1), 1.0)  # a one-hot drafter
         u = torch.rand(k, generator=g, device=device)
         e = torch.empty(V, device=device).exponential_(generator=g)
-        fn = verify if self.verifier == "device" else verify_reference
+        fn = {"device": verify, "reference": verify_reference}.get(self.verifier, self.verifier)
         verdict = fn(draft_ids, p, q_full, u, e, greedy=greedy)  # (2,) [n, next]
         idx = torch.arange(k, device=device)
         if greedy:

@@ -23,7 +23,7 @@ class KVCache:
                  dtype=torch.float32, device="cpu"):
         for name, v in [("n_layers", n_layers), ("batch_size", batch_size),
                         ("n_kv_heads", n_kv_heads), ("capacity", capacity), ("head_dim", head_dim)]:
-            if not isinstance(v, int) or v < 1:
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:  # True is an int to Python
                 raise ValueError(f"{name} must be a positive int, got {v!r}")
         shape = (n_layers, batch_size, n_kv_heads, capacity, head_dim)  # (L, B, Hkv, S, D)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
@@ -76,7 +76,7 @@ class KVCache:
 
     def rollback(self, length: int):
         """Forget every position at or beyond `length`. Rolling forward is an error."""
-        if not isinstance(length, int) or length < 0:
+        if isinstance(length, bool) or not isinstance(length, int) or length < 0:
             raise ValueError(f"length must be an int >= 0, got {length!r}")
         if length > self.length:
             raise ValueError(f"cannot roll forward: length {length} > current length {self.length}")

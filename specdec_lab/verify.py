@@ -52,7 +52,7 @@ def verify(draft_ids, p, q, u, e, greedy=False) -> torch.Tensor:
         accept = best[:K] == draft_ids
     else:
         p_d, q_d = p[idx, draft_ids], q[idx, draft_ids]  # (K,)
-        accept = (q_d > 0) & (u * q_d < p_d)  # u < p/q without dividing; q(d) = 0 rejects
+        accept = (q_d > 0) & (u * q_d < torch.minimum(p_d, q_d))  # u < min(1, p/q), no division
     n = accept.long().cumprod(0).sum().view(1)  # number accepted before the first rejection, (1,)
     if greedy:
         return torch.cat([n, best.index_select(0, n)])

@@ -57,7 +57,7 @@ def config_to_hf(cfg: ModelConfig) -> dict:
         "torch_dtype": "float32",
     }
     if cfg.rope_scaling:
-        out["rope_scaling"] = cfg.rope_scaling
+        out["rope_scaling"] = dict(cfg.rope_scaling)  # a copy: transformers edits this dict in place
     return out
 
 

@@ -1,0 +1,43 @@
+"""The engine on the real default target (SmolLM2-135M-Instruct)."""
+import pytest
+
+import specdec_lab as sl
+from specdec_lab.assets import ensure_default_target
+from specdec_lab.pair import load_model_cached
+
+pytestmark = pytest.mark.slow
+
+PROMPTS = ["Why is the sky blue?", "Write a Python function that adds two numbers."]
+
+
+@pytest.fixture(scope="module")
+def smol():
+    return load_model_cached(ensure_default_target())
+
+
+@pytest.fixture(scope="module")
+def baselines(smol):
+    return {p: sl.autoregressive_generate(smol, p, max_new_tokens=24).tokens for p in PROMPTS}
+
+
+@pytest.mark.parametrize("k", range(1, 9))
+def test_greedy_with_the_target_as_draft_equals_autoregressive(smol, baselines, k):
+    engine = sl.SpeculativeEngine(smol, smol, k=k)
+    res = engine.generate(PROMPTS[k % 2], max_new_tokens=24)
+    assert res.tokens == baselines[PROMPTS[k % 2]]
+    assert res.stats.acceptance_rate == 1.0
+
+
+@pytest.mark.parametrize("k", [1, 4, 8])
+def test_greedy_with_a_random_draft_equals_autoregressive(smol, baselines, k):
+    rand = sl.tiny_model(5, vocab_size=smol.cfg.vocab_size, dim=32, n_heads=2, n_kv_heads=1)
+    engine = sl.SpeculativeEngine(smol, rand, k=k)
+    for p in PROMPTS:
+        assert engine.generate(p, max_new_tokens=24).tokens == baselines[p]
+
+
+@pytest.mark.parametrize("block_size", [1, 16, 512])
+def test_paged_cache_gives_the_same_greedy_output(smol, baselines, block_size):
+    engine = sl.SpeculativeEngine(smol, smol, k=4, cache="paged", block_size=block_size)
+    for p in PROMPTS:
+        assert engine.generate(p, max_new_tokens=24).tokens == baselines[p]

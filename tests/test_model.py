@@ -1,0 +1,246 @@
+"""The decoder against transformers: same weights, same logits (float32, max abs error <= 1e-4).
+
+Two kinds of model: the real default target (SmolLM2-135M-Instruct, 30 layers),
+and tiny random Llama / Qwen2 configurations built by transformers itself, which
+cover what SmolLM2 does not: untied embeddings, Llama-3 rope scaling, q/k/v biases.
+Each parity check is run both as one full pass and as a chunked pass through a
+KVCache (prefill, a multi-token chunk, then single tokens), because decode and
+verification take the chunked path.
+"""
+import dataclasses
+
+import pytest
+import torch
+import transformers
+
+from specdec_lab.kv_cache import KVCache
+from specdec_lab.model import Transformer, init_weights
+from specdec_lab.text import encode_prompt
+from specdec_lab.weights import build_model, config_from_hf, from_hf_state_dict
+
+TOL = 1e-4
+LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 64}
+TEXT = ("Speculative decoding lets a small draft model propose several tokens, and the large target "
+        "model checks all of them in one forward pass. Explain, step by step and with a worked example, "
+        "why the output distribution is exactly the target's, and when the method saves time.")
+
+
+def max_diff(a, b):
+    return (a.float() - b.float()).abs().max().item()
+
+
+def chunked_logits(model, ids, chunks):
+    """Logits (1, T, V) from feeding `ids` through a KVCache in pieces of the given sizes."""
+    cache = KVCache.for_model(model.cfg, ids.shape[1])
+    out, start = [], 0
+    for n in chunks:
+        out.append(model(ids[:, start:start + n], cache=cache))
+        start += n
+    assert start == ids.shape[1] and cache.length == start
+    return torch.cat(out, dim=1)
+
+
+def randomize_(hf_model, seed, std=0.1):
+    """Weights large enough that a wrong rope, bias or head changes logits by O(1):
+    transformers' own init (std 0.02, zero biases, unit norms) hides such bugs."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in hf_model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1 + 0.2 * torch.randn(p.shape, generator=g))
+            elif name.endswith("bias"):
+                p.copy_(0.5 * torch.randn(p.shape, generator=g))
+            else:
+                p.copy_(std * torch.randn(p.shape, generator=g))
+    return hf_model
+
+
+def tiny_hf(kind, seed=0):
+    """A random transformers model: GQA with 6 query heads sharing 2 key/value heads."""
+    common = dict(vocab_size=97, hidden_size=96, intermediate_size=192, num_hidden_layers=2,
+                  num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=256,
+                  rms_norm_eps=1e-6, rope_theta=10000.0)
+    if kind == "qwen2":
+        config = transformers.Qwen2Config(tie_word_embeddings=True, **common)
+        model = transformers.Qwen2ForCausalLM(config)
+    else:
+        extra = {"rope_scaling": dict(LLAMA3_ROPE)} if kind == "llama3-rope" else {}
+        if kind == "head-dim-32":  # head_dim set explicitly, H * D != hidden size (as in some Llama variants)
+            extra = {"head_dim": 32}
+        config = transformers.LlamaConfig(tie_word_embeddings=(kind == "tied"), **common, **extra)
+        model = transformers.LlamaForCausalLM(config)
+    return randomize_(model.eval(), seed)
+
+
+def convert(hf_model):
+    cfg = config_from_hf(hf_model.config.to_dict())
+    return build_model(cfg, from_hf_state_dict(hf_model.state_dict(), cfg))
+
+
+def token_ids(n, vocab, seed=1):
+    return torch.randint(0, vocab, (1, n), generator=torch.Generator().manual_seed(seed))
+
+
+# ---------------------------------------------------------------- default target (slow)
+
+@pytest.fixture(scope="module")
+def prompt64(default_target):
+    ids = encode_prompt(default_target.tokenizer, TEXT)  # chat template + text
+    assert len(ids) >= 64, "the parity text must be at least 64 tokens long"
+    return torch.tensor([ids[:64]])
+
+
+@pytest.fixture(scope="module")
+def hf_logits64(hf_target, prompt64):
+    with torch.no_grad():
+        return hf_target(prompt64).logits  # (1, 64, V)
+
+
+@pytest.mark.slow
+def test_default_target_has_smollm2_135m_shape(default_target):
+    cfg = default_target.cfg
+    assert (cfg.n_layers, cfg.dim, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.vocab_size) == \
+        (30, 576, 9, 3, 64, 49152), "the converted default target is not SmolLM2-135M's shape"
+    assert cfg.tie_embeddings, "SmolLM2 ties its embeddings; an untied head would be a copy out of sync"
+    assert default_target.tokenizer.eos_token_id in cfg.eos_token_ids, \
+        "generation would not stop at the tokenizer's end-of-turn token"
+    assert default_target.dtype == torch.float32
+
+
+@pytest.mark.slow
+def test_default_target_full_pass_logits_equal_transformers(default_target, prompt64, hf_logits64):
+    with torch.no_grad():
+        ours = default_target(prompt64)
+    assert ours.shape == hf_logits64.shape == (1, 64, 49152)
+    assert ours.dtype == torch.float32
+    d = max_diff(ours, hf_logits64)
+    assert d <= TOL, f"decoder logits differ from transformers' by {d:.2e} (a conversion or layer bug)"
+
+
+@pytest.mark.slow
+def test_default_target_chunked_cache_pass_equals_transformers_full_pass(default_target, prompt64, hf_logits64):
+    with torch.no_grad():
+        ours = chunked_logits(default_target, prompt64, [40, 10] + [1] * 14)
+    d = max_diff(ours, hf_logits64)
+    assert d <= TOL, (f"prefill 40 + chunk 10 + single tokens through the KV cache differ from transformers "
+                      f"by {d:.2e}: cached positions, rope offsets or the chunk mask are wrong")
+
+
+@pytest.mark.slow
+def test_default_target_last_only_is_the_last_row_of_the_full_pass(default_target, prompt64, hf_logits64):
+    with torch.no_grad():
+        last = default_target(prompt64, last_only=True)
+    assert last.shape == (1, 1, 49152)
+    assert max_diff(last[0, -1], hf_logits64[0, -1]) <= TOL, "last_only returned another position's logits"
+
+
+# ---------------------------------------------------------------- tiny transformers-built configs
+
+@pytest.mark.parametrize("kind", ["tied", "untied", "llama3-rope", "head-dim-32", "qwen2"])
+def test_tiny_random_model_logits_equal_transformers_full_and_chunked(kind):
+    hf = tiny_hf(kind)
+    model = convert(hf)
+    ids = token_ids(200, 97)  # 200 > 64: beyond llama3's original_max_position_embeddings
+    with torch.no_grad():
+        ref = hf(ids).logits
+        full = model(ids)
+        chunked = chunked_logits(model, ids, [120, 30, 17] + [1] * 33)
+    d_full, d_chunked = max_diff(full, ref), max_diff(chunked, ref)
+    assert d_full <= TOL, f"{kind}: full-pass logits differ from transformers' by {d_full:.2e}"
+    assert d_chunked <= TOL, f"{kind}: chunked cached logits differ from transformers' by {d_chunked:.2e}"
+
+
+def test_tiny_configs_convert_to_the_expected_model_config():
+    cfgs = {kind: config_from_hf(tiny_hf(kind).config.to_dict()) for kind in
+            ["tied", "untied", "llama3-rope", "qwen2"]}
+    assert cfgs["tied"].tie_embeddings and not cfgs["untied"].tie_embeddings
+    assert cfgs["tied"].rope_scaling is None, "default rope must not be treated as scaled"
+    assert cfgs["llama3-rope"].rope_scaling["rope_type"] == "llama3"
+    assert cfgs["qwen2"].qkv_bias and not cfgs["tied"].qkv_bias, "only Qwen2 has q/k/v biases"
+    for cfg in cfgs.values():
+        assert (cfg.n_heads, cfg.n_kv_heads, cfg.head_dim) == (6, 2, 16), "GQA head counts lost in conversion"
+
+
+def test_llama3_rope_scaling_matters_so_the_parity_check_can_see_it():
+    """Guards the test itself: without the scaling the logits beyond position 64 must differ a lot,
+    otherwise the parity test above would pass even if the scaling were ignored."""
+    hf = tiny_hf("llama3-rope")
+    cfg = config_from_hf(hf.config.to_dict())
+    plain = build_model(dataclasses.replace(cfg, rope_scaling=None), from_hf_state_dict(hf.state_dict(), cfg))
+    ids = token_ids(200, 97)
+    with torch.no_grad():
+        d = max_diff(plain(ids), hf(ids).logits)
+    assert d > 0.1, f"ignoring llama3 rope scaling changed logits by only {d:.2e}; the parity test is blind to it"
+
+
+def test_qwen2_qkv_bias_matters_so_the_parity_check_can_see_it():
+    hf = tiny_hf("qwen2")
+    cfg = config_from_hf(hf.config.to_dict())
+    sd = {k: v for k, v in from_hf_state_dict(hf.state_dict(), cfg).items() if not k.endswith("wqkv.bias")}
+    no_bias = build_model(dataclasses.replace(cfg, qkv_bias=False), sd)
+    ids = token_ids(50, 97)
+    with torch.no_grad():
+        d = max_diff(no_bias(ids), hf(ids).logits)
+    assert d > 0.1, f"dropping Qwen2's q/k/v biases changed logits by only {d:.2e}; the parity test is blind to it"
+
+
+# ---------------------------------------------------------------- the decoder on its own
+
+def test_batched_forward_equals_one_row_at_a_time(tiny_pair):
+    model = tiny_pair.target
+    ids = token_ids(24, model.cfg.vocab_size).view(2, 12)
+    with torch.no_grad():
+        both = model(ids)
+        rows = torch.cat([model(ids[i:i + 1]) for i in range(2)])
+    assert max_diff(both, rows) <= 1e-5, "one batch row leaks into another"
+
+
+def test_explicit_input_pos_equals_the_cache_default(tiny_pair):
+    model = tiny_pair.target
+    ids = token_ids(9, model.cfg.vocab_size)
+    with torch.no_grad():
+        c1, c2 = KVCache.for_model(model.cfg, 16), KVCache.for_model(model.cfg, 16)
+        model(ids[:, :6], cache=c1)
+        model(ids[:, :6], input_pos=torch.arange(6), cache=c2)
+        a = model(ids[:, 6:], cache=c1)
+        b = model(ids[:, 6:], input_pos=torch.arange(6, 9), cache=c2)
+    assert max_diff(a, b) == 0.0, "input_pos defaults to something other than [cache.length, cache.length + T)"
+
+
+def test_uncached_causal_pass_equals_cached_masked_pass(tiny_pair):
+    """Training takes the fused causal kernel, decode the explicit-mask path: they must agree."""
+    model = tiny_pair.target
+    ids = token_ids(30, model.cfg.vocab_size)
+    with torch.no_grad():
+        plain = model(ids)
+        cached = model(ids, cache=KVCache.for_model(model.cfg, 30))
+    assert max_diff(plain, cached) <= 1e-4, "the training path and the cached path compute different attention"
+
+
+def test_later_tokens_do_not_change_earlier_logits(tiny_pair):
+    model = tiny_pair.target
+    ids = token_ids(20, model.cfg.vocab_size)
+    other = ids.clone()
+    other[0, 10:] = (other[0, 10:] + 1) % model.cfg.vocab_size
+    with torch.no_grad():
+        a, b = model(ids), model(other)
+    assert max_diff(a[:, :10], b[:, :10]) <= 1e-5, "the causal mask lets a position see the future"
+
+
+@pytest.mark.gpu
+def test_decoder_on_cuda_matches_cpu():
+    cfg = _tiny_cfg()
+    cpu = init_weights(Transformer(cfg), seed=0, std=0.1).eval()
+    gpu = init_weights(Transformer(cfg), seed=0, std=0.1).eval().cuda()
+    ids = token_ids(40, cfg.vocab_size)
+    with torch.no_grad():
+        a = cpu(ids)
+        b = gpu(ids.cuda(), cache=KVCache.for_model(cfg, 40, device="cuda")).cpu()
+    assert max_diff(a, b) <= 1e-3, "the decoder computes something else on CUDA"
+
+
+def _tiny_cfg():
+    from specdec_lab.config import ModelConfig
+    return ModelConfig(vocab_size=97, dim=96, n_layers=2, n_heads=6, n_kv_heads=2, head_dim=16,
+                       intermediate_size=192, max_seq_len=256)
