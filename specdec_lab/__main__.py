@@ -39,6 +39,25 @@ def cmd_generate(args):
               f"{s.syncs_per_step:.1f} host syncs/step]", file=sys.stderr)
 
 
+def cmd_distill(args):
+    from .distill import distill_main
+    out, curve = distill_main(budget=args.budget, out_dir=args.out)
+    print(f"draft saved to {out}; held-out greedy alpha {curve[-1][1]:.3f}" if curve else f"draft saved to {out}")
+
+
+def cmd_acceptance(args):
+    import specdec_lab as sl
+    from .acceptance import acceptance_report
+    from .prompts import distill_prompts, split_prompts
+    pair = sl.load_default_pair(args.device)
+    _, held = split_prompts(distill_prompts())
+    rep = acceptance_report(pair.target, pair.draft, held[:args.num_prompts], max_new_tokens=args.max_new_tokens,
+                            temperature=args.temperature)
+    print(rep.table())
+    if args.json:
+        print(json.dumps(rep.__dict__))
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m specdec_lab", description=__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -54,9 +73,20 @@ def main(argv=None):
     g.add_argument("--draft", help="hub id or folder of the draft (default: the shipped draft)")
     g.add_argument("--device", default="cpu")
     g.add_argument("--json", action="store_true", help="print one JSON document")
+    d = sub.add_parser("distill", help="distill a draft for the default target (resumable)")
+    d.add_argument("--budget", choices=["tiny", "full"], default="full",
+                   help="tiny finishes in minutes (a smoke test); full takes hours on 2 CPU cores")
+    d.add_argument("--out", help="output folder (default: specdec_lab/draft for full)")
+    a = sub.add_parser("acceptance", help="alpha, tokens per step at K = 1..8, and c on held-out prompts")
+    a.add_argument("--num-prompts", type=int, default=12)
+    a.add_argument("--max-new-tokens", type=int, default=64)
+    a.add_argument("--temperature", type=float, default=0.0)
+    a.add_argument("--device", default="cpu")
+    a.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     try:
-        {"fetch": cmd_fetch, "generate": cmd_generate}[args.cmd](args)
+        {"fetch": cmd_fetch, "generate": cmd_generate, "distill": cmd_distill,
+         "acceptance": cmd_acceptance}[args.cmd](args)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -45,12 +45,12 @@ def sample_batch(model, prompts: list[list[int]], max_new_tokens: int, temperatu
     tokens = torch.full((B, n), int(eos[0]))
     for b, p in enumerate(prompts):
         tokens[b, n - len(p):] = torch.tensor(p)
-    cache = KVCache.for_model(model.cfg, n + max_new_tokens, batch_size=B)
+    cache = KVCache.for_model(model.cfg, n + max_new_tokens, batch_size=B, dtype=model.dtype)
     logits = model(tokens, cache=cache, mask=_prefill_mask(pad, n), last_only=True)[:, -1]  # (B, V)
     out, top_ids, top_lp = [], [], []
     done = torch.zeros(B, dtype=torch.bool)
     for _ in range(max_new_tokens):
-        lp = logits.log_softmax(-1).topk(top_k_store, dim=-1)
+        lp = logits.log_softmax(-1).topk(min(top_k_store, logits.shape[-1]), dim=-1)
         top_ids.append(lp.indices.to(torch.int32))
         top_lp.append(lp.values.half())
         nxt = sample(logits_to_probs(logits, temperature), generator)
@@ -162,7 +162,7 @@ def collate(examples, idx, pad_id):
     k = examples[idx[0]][2].shape[-1]
     x = torch.full((len(idx), N), pad_id, dtype=torch.long)
     tgt_ids = torch.zeros(len(idx), N, k, dtype=torch.long)
-    tgt_lp = torch.full((len(idx), N, k), float("-inf"))
+    tgt_lp = torch.zeros(len(idx), N, k)  # padding positions get weight 0; finite so no NaN appears
     weight = torch.zeros(len(idx), N)
     for b, i in enumerate(idx):
         prompt, answer, top_ids, top_lp, _ = examples[i]
@@ -180,7 +180,7 @@ def kl_loss(logits, tgt_ids, tgt_lp, weight):
     logq = logits.float().log_softmax(-1).gather(-1, tgt_ids)  # (B, N, k)
     p = tgt_lp.softmax(-1)  # renormalise the stored top-k
     per_pos = (p * (p.clamp_min(1e-12).log() - logq)).sum(-1)  # (B, N)
-    return (per_pos * weight).sum() / weight.sum().clamp_min(1)
+    return torch.where(weight > 0, per_pos, 0.0).sum() / weight.sum().clamp_min(1)
 
 
 @torch.no_grad()
@@ -261,3 +261,89 @@ def save_draft(draft, out_dir, dtype=torch.float16, card: str | None = None):
     if card:
         (out_dir / "README.md").write_text(card)
     return out_dir
+
+
+# ----------------------------------------------------------------------------- the recipe
+
+BUDGETS = {
+    # rounds: one sampling temperature per pass over the prompts (0 = greedy); the draft's shape.
+    "tiny": dict(num_prompts=24, rounds=(0.7,), max_new_tokens=32, epochs=1, n_layers=1, eval_every=10),
+    "full": dict(num_prompts=None, rounds=(0.7, 0.0, 1.0, 0.7, 0.0, 1.0), max_new_tokens=256, epochs=6,
+                 n_layers=3, eval_every=100),
+}
+
+CARD = """# specdec_lab draft for SmolLM2-135M-Instruct
+
+A {n_layers}-layer, {dim}-wide Llama decoder ({params:.1f}M parameters, tied embeddings,
+stored in {dtype}, {size_mb:.1f} MB) distilled from SmolLM2-135M-Instruct by
+`python -m specdec_lab distill`, to serve as its speculative-decoding draft.
+It shares the target's tokenizer (vocabulary 49152) and loads in transformers
+(`LlamaForCausalLM.from_pretrained`) as well as in specdec_lab.
+
+## Data
+The target answered the project's own prompt set (`specdec_lab/prompts.py`: {num_prompts}
+instructions: explanations, lists, code, rewriting, stories), one pass per
+temperature in {rounds} (0 = greedy), up to {max_new_tokens} new tokens each. Every
+{held_every}th prompt is held out and never trained on. For each answer token
+the target's top-{top_k} log-probabilities were stored while sampling. {data_note}
+Training tokens: {train_tokens}; held-out tokens: {held_tokens}.
+
+## Training
+Forward KL from the target's stored top-{top_k} distribution (renormalised) to
+the draft's, AdamW, cosine schedule, {epochs} epochs. The embedding (= output
+head) starts as a PCA projection of the target's embedding onto its top {dim}
+directions.
+
+## Measured acceptance (held-out prompts, greedy)
+Held-out greedy agreement (alpha at temperature 0) after training: {alpha:.3f}.
+Curve of held-out alpha against training tokens: {curve}
+"""
+
+
+def _log_line(path):
+    def log(step, seen, loss, alpha):
+        with open(path, "a") as f:
+            f.write(f"step {step} tokens {seen} loss {loss:.4f} held_out_alpha {alpha:.4f}\n")
+    return log
+
+
+def distill_main(budget="full", out_dir=None, data_dir=None, work_dir=None, dtype_data="bfloat16",
+                 data_dirs_extra=(), progress=True):
+    """The whole recipe: target answers -> KL training -> Hugging Face folder with a model card."""
+    from .assets import cache_dir, ensure_default_target
+    from .model import Transformer, init_weights
+    from .pair import default_draft_dir
+    from .weights import load_model
+    cfg_b = BUDGETS[budget]
+    dtype = getattr(torch, dtype_data)
+    target, tok = load_model(ensure_default_target(), dtype=dtype)
+    prompts = distill_prompts()[:cfg_b["num_prompts"]] if cfg_b["num_prompts"] else distill_prompts()
+    work = Path(work_dir or cache_dir() / f"distill_{budget}")
+    data = Path(data_dir or work / "data")
+    generate_data(target, tok, data, rounds=cfg_b["rounds"], batch_size=32,
+                  max_new_tokens=cfg_b["max_new_tokens"], seed=100, prompts=prompts, progress=progress)
+    every = 10
+    held_idx = {i for i in range(len(prompts)) if i % every == every - 1}
+    train, held = load_shards(data, held_idx)
+    for extra in data_dirs_extra:  # more answers to the same prompts, same split
+        t2, h2 = load_shards(extra, held_idx)
+        train, held = train + t2, held + h2
+    target_fp32, _ = load_model(ensure_default_target())
+    draft = init_weights(Transformer(draft_config(target_fp32.cfg, n_layers=cfg_b["n_layers"])), seed=0)
+    with torch.no_grad():
+        draft.head.weight.copy_(pca_embeddings(target_fp32.head.weight.t(), draft.cfg.dim).t())
+    held_greedy = [ex for ex in held if ex[4] == 0.0] or held
+    draft, curve = train_draft(draft, train, held_greedy, out_dir=work, epochs=cfg_b["epochs"],
+                               eval_every=cfg_b["eval_every"], progress=progress, log=_log_line(work / "log.txt"))
+    out = Path(out_dir or (default_draft_dir() if budget == "full" else work / "draft"))
+    save_draft(draft, out)
+    size = (out / "model.safetensors").stat().st_size
+    card = CARD.format(n_layers=draft.cfg.n_layers, dim=draft.cfg.dim, params=draft.cfg.num_params / 1e6,
+                       dtype="float16", size_mb=size / 1e6, num_prompts=len(prompts), rounds=list(cfg_b["rounds"]),
+                       max_new_tokens=cfg_b["max_new_tokens"], held_every=every, top_k=64,
+                       data_note=f"Data generation ran the target in {dtype_data} (twice as fast here).",
+                       train_tokens=sum(len(e[1]) for e in train), held_tokens=sum(len(e[1]) for e in held),
+                       epochs=cfg_b["epochs"], alpha=curve[-1][1] if curve else float("nan"),
+                       curve=", ".join(f"{s}: {a:.3f}" for s, a in curve))
+    (out / "README.md").write_text(card)
+    return out, curve

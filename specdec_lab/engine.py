@@ -165,6 +165,8 @@ class SpeculativeEngine:
         self.drafter.prefill(ids)
         stats.prefill_seconds = time.perf_counter() - t0
 
+        if self.controller is not None:
+            self.controller.reset()  # estimates describe one generation, not the engine's lifetime
         c = ids[-1]
         t_start = time.perf_counter()
         while len(out) < max_new_tokens:
@@ -191,6 +193,7 @@ class SpeculativeEngine:
         t0 = time.perf_counter()
         draft_ids, q = self.drafter.propose(k, sampling, g) if k > 0 else \
             (torch.empty(0, dtype=torch.long, device=device), None)
+        draft_ids = draft_ids.to(device)
         k = draft_ids.shape[0]  # a drafter may propose fewer than asked
         t1 = time.perf_counter()
         x = torch.cat([torch.tensor([c], device=device), draft_ids]).view(1, k + 1)  # (1, K+1)
@@ -206,8 +209,12 @@ class SpeculativeEngine:
                 1, draft_ids.view(k, 1), 1.0)  # a one-hot drafter
         u = torch.rand(k, generator=g, device=device)
         e = torch.empty(V, device=device).exponential_(generator=g)
-        fn = {"device": verify, "reference": verify_reference}.get(self.verifier, self.verifier)
-        verdict = fn(draft_ids, p, q_full, u, e, greedy=greedy)  # (2,) [n, next]
+        loop_syncs = {"count": 0}
+        if self.verifier == "reference":
+            verdict = verify_reference(draft_ids, p, q_full, u, e, greedy=greedy, syncs=loop_syncs)
+        else:
+            fn = verify if self.verifier == "device" else self.verifier
+            verdict = fn(draft_ids, p, q_full, u, e, greedy=greedy)  # (2,) [n, next], still on the device
         idx = torch.arange(k, device=device)
         if greedy:
             p_d = (p[:k].argmax(-1) == draft_ids).float()
@@ -221,6 +228,6 @@ class SpeculativeEngine:
         self.cache.rollback(base + 1 + n)  # keep c, d_1..d_n
         self.drafter.commit(k, drafted, n, nxt)
         t2 = time.perf_counter()
-        syncs = 1 + (n + 1 if self.verifier == "reference" else 0)  # the loop syncs once per token it examines
+        syncs = 1 + loop_syncs["count"]
         return StepRecord(step_index, k, drafted, n, nxt, host[2 + k:2 + 2 * k], host[2 + 2 * k:2 + 3 * k],
                           [] if greedy else host[2 + 3 * k:], t1 - t0, t2 - t1, syncs)

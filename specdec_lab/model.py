@@ -121,7 +121,7 @@ def grouped_attention(q, k, v, mask):
     q = q.reshape(B, Hkv, G * T, D)  # (B, Hkv, G*T, D): head h uses key/value head h // G
     scores = (q @ k.transpose(-1, -2)) * (1.0 / math.sqrt(D))  # (B, Hkv, G*T, S)
     if mask is not None:
-        scores = (scores.view(B, Hkv, G, T, S) + mask.unsqueeze(2)).view(B, Hkv, G * T, S)
+        scores = (scores.view(B, Hkv, G, T, S) + mask.to(scores.dtype).unsqueeze(2)).view(B, Hkv, G * T, S)
     y = scores.softmax(-1) @ v  # (B, Hkv, G*T, D)
     return y.view(B, H, T, D)
 

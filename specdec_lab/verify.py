@@ -25,23 +25,30 @@ def _draw(dist: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
     return (dist / e).argmax(-1)
 
 
-def verify_reference(draft_ids, p, q, u, e, greedy=False) -> torch.Tensor:
+def verify_reference(draft_ids, p, q, u, e, greedy=False, syncs=None) -> torch.Tensor:
+    """The loop. Pass a dict as `syncs` to have syncs["count"] count its host reads."""
+    def host(x, kind=float):
+        if syncs is not None:
+            syncs["count"] = syncs.get("count", 0) + 1
+        return kind(x)  # sync: one host read
+
     K = draft_ids.shape[0]
     for i in range(K):
-        d = int(draft_ids[i])  # sync: one per draft token, the pitfall `verify` avoids
+        d = host(draft_ids[i], int)
         if greedy:
-            if int(p[i].argmax()) != d:  # sync
-                return torch.tensor([i, int(p[i].argmax())])
+            best = host(p[i].argmax(), int)
+            if best != d:
+                return torch.tensor([i, best])
             continue
-        p_d, q_d = float(p[i, d]), float(q[i, d])  # sync
-        if q_d > 0 and float(u[i]) < min(1.0, p_d / q_d):  # sync
+        p_d, q_d, u_i = host(p[i, d]), host(q[i, d]), host(u[i])
+        if q_d > 0 and u_i < min(1.0, p_d / q_d):
             continue
         residual = torch.clamp(p[i] - q[i], min=0.0)
-        total = float(residual.sum())  # sync
+        total = host(residual.sum())
         dist = residual / total if total > 0 else p[i]
-        return torch.tensor([i, int(_draw(dist, e))])
+        return torch.tensor([i, host(_draw(dist, e), int)])
     bonus = p[K].argmax() if greedy else _draw(p[K], e)
-    return torch.tensor([K, int(bonus)])
+    return torch.tensor([K, host(bonus, int)])
 
 
 def verify(draft_ids, p, q, u, e, greedy=False) -> torch.Tensor:

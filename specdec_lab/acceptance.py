@@ -1,0 +1,100 @@
+"""The acceptance report: the inputs of the Leviathan et al. speedup formula for a pair.
+
+For a target/draft pair and a prompt set it measures
+  alpha  E[min(1, p/q)] per draft position = sum_v min(p_v, q_v), averaged over the
+         positions of the target's own generations (teacher-forced: one forward
+         of each model over the whole sequence). At temperature 0 it is the rate
+         at which the draft's argmax equals the target's.
+  tokens per step at K = 1..8, from real engine runs;
+  c      the draft's forward time over the target's, single-token decode steps timed
+         side by side, interleaved, medians.
+The formula it feeds (arXiv 2211.17192, Theorem 3.8): expected tokens per step
+(1 - alpha^(K+1)) / (1 - alpha) and speedup (1 - alpha^(K+1)) / ((1 - alpha)(K c + 1)).
+"""
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import torch
+from tqdm.auto import tqdm
+
+from .engine import SpeculativeEngine, autoregressive_generate
+from .kv_cache import KVCache
+from .roofline import expected_tokens_per_step, expected_speedup
+from .sampling import logits_to_probs
+
+
+@dataclass
+class AcceptanceReport:
+    alpha: float
+    tokens_per_step: dict  # K -> measured mean tokens per step
+    c: float
+    temperature: float
+    num_prompts: int
+    positions: int  # draft positions alpha was averaged over
+    predicted_tokens_per_step: dict = field(default_factory=dict)
+    predicted_speedup: dict = field(default_factory=dict)
+
+    def table(self) -> str:
+        rows = [f"alpha = {self.alpha:.3f} over {self.positions} positions of {self.num_prompts} prompts, "
+                f"c = {self.c:.3f}, temperature {self.temperature}",
+                " K  tokens/step (measured)  tokens/step (predicted)  speedup (predicted)"]
+        for k, v in self.tokens_per_step.items():
+            rows.append(f"{k:2d}  {v:22.2f}  {self.predicted_tokens_per_step[k]:23.2f}  "
+                        f"{self.predicted_speedup[k]:19.2f}")
+        return "\n".join(rows)
+
+
+@torch.no_grad()
+def measure_alpha(target, draft, prompts, max_new_tokens=64, temperature=0.0):
+    """(alpha, positions): mean sum_v min(p_v, q_v) along the target's own greedy continuations."""
+    total, count = 0.0, 0
+    for prompt in prompts:
+        res = autoregressive_generate(target, prompt, max_new_tokens=max_new_tokens)
+        seq = torch.tensor([res.prompt_ids + res.tokens], device=target.device)
+        start = len(res.prompt_ids) - 1  # the position that predicts the first new token
+        n = len(res.tokens)
+        lp, lq = target(seq)[0, start:start + n], draft(seq)[0, start:start + n]  # (n, V)
+        p, q = logits_to_probs(lp, temperature), logits_to_probs(lq, temperature)
+        total += torch.minimum(p, q).sum(-1).sum().item()
+        count += n
+    return total / max(count, 1), count
+
+
+@torch.no_grad()
+def measure_cost_ratio(target, draft, context=128, reps=30):
+    """c: median single-token forward time of the draft over the target's, timed alternately."""
+    caches = [KVCache.for_model(m.cfg, context + reps + 8, dtype=m.dtype, device=m.device) for m in (target, draft)]
+    x = torch.zeros(1, context, dtype=torch.long, device=target.device)
+    for m, cache in zip((target, draft), caches):
+        m(x, cache=cache, last_only=True)
+    one = x[:, :1]
+    times = ([], [])
+    for i in range(reps + 3):
+        for j, (m, cache) in enumerate(zip((target, draft), caches)):
+            if target.device.type == "cuda":
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            m(one, cache=cache)
+            if target.device.type == "cuda":
+                torch.cuda.synchronize()
+            if i >= 3:  # warm-up
+                times[j].append(time.perf_counter() - t0)
+    return statistics.median(times[1]) / statistics.median(times[0])
+
+
+def acceptance_report(target, draft, prompts, ks=range(1, 9), max_new_tokens=64, temperature=0.0,
+                      progress=True) -> AcceptanceReport:
+    alpha, positions = measure_alpha(target, draft, prompts, max_new_tokens, temperature)
+    c = measure_cost_ratio(target, draft)
+    engine = SpeculativeEngine(target, draft, k=1)
+    per_k = {}
+    for k in tqdm(list(ks), desc="tokens per step at each K", disable=not progress):
+        tokens = steps = 0
+        for i, prompt in enumerate(prompts):
+            res = engine.generate(prompt, max_new_tokens=max_new_tokens, temperature=temperature, seed=i, k=k)
+            tokens, steps = tokens + res.stats.new_tokens, steps + res.stats.steps
+        per_k[k] = tokens / max(steps, 1)
+    return AcceptanceReport(alpha, per_k, c, temperature, len(prompts), positions,
+                            {k: expected_tokens_per_step(alpha, k) for k in per_k},
+                            {k: expected_speedup(alpha, k, c) for k in per_k})

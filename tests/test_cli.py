@@ -1,0 +1,44 @@
+"""The command line, run as a user runs it: a subprocess of `python -m specdec_lab`."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from specdec_lab.engine import autoregressive_generate
+
+ROOT = Path(__file__).resolve().parents[1]
+PROMPT = "Why is the sky blue?"
+
+
+def run_cli(*args, timeout=180):
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    return subprocess.run([sys.executable, "-m", "specdec_lab", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.slow
+def test_generate_json_prints_one_json_document_equal_to_the_library_result(default_target):
+    proc = run_cli("generate", "--prompt", PROMPT, "--max-new-tokens", "8", "--json")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    doc = json.loads(proc.stdout)  # the whole stdout, nothing else printed there
+    assert isinstance(doc["tokens"], list) and 1 <= len(doc["tokens"]) <= 8, "--max-new-tokens 8 was not honoured"
+    assert isinstance(doc["text"], str) and isinstance(doc["stats"], dict)
+    expected = autoregressive_generate(default_target, PROMPT, max_new_tokens=8)  # --k 0, greedy by default
+    assert doc["tokens"] == expected.tokens and doc["text"] == expected.text, \
+        "the CLI's default greedy run differs from the library's autoregressive_generate"
+
+
+@pytest.mark.slow  # the CLI loads the target before it reads the prompt
+def test_empty_prompt_exits_with_code_2_and_names_the_prompt():
+    proc = run_cli("generate", "--prompt", "", "--max-new-tokens", "8")
+    assert proc.returncode == 2, f"exit code {proc.returncode}, stderr: {proc.stderr[-1000:]}"
+    assert "prompt" in proc.stderr and "Traceback" not in proc.stderr, \
+        "a bad prompt should give a one-line error naming it, not a traceback"
+
+
+def test_missing_prompt_is_a_usage_error():
+    proc = run_cli("generate")
+    assert proc.returncode == 2 and "--prompt" in proc.stderr
