@@ -21,8 +21,9 @@ model: $(STAMP)
 lab: setup
 	$(VENV)/bin/jupyter lab notebooks/
 
+# The library's tests, then every notebook executed and compared by nbval.
 test: setup
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q tests notebooks --nbval --sanitize-with notebooks/sanitize.cfg
 
 demo: setup
 	$(PY) -m specdec_lab generate --prompt "Why is the sky blue?" --k 4 --max-new-tokens 64
