@@ -58,6 +58,34 @@ def cmd_acceptance(args):
         print(json.dumps(rep.__dict__))
 
 
+def cmd_bench(args):
+    from .bench import bench_main
+    bench_main(args)
+
+
+def add_bench_parser(sub):
+    b = sub.add_parser("bench", help="this engine (autoregressive, speculative K = 1..8, adaptive K) against "
+                       "transformers generate and assisted generation; a table, then one JSON line")
+    b.add_argument("--quick", action="store_true", help="2 prompts, 16 tokens, K in {2, 4}: a smoke run")
+    b.add_argument("--prompts", type=int, help="the first N of the 24 benchmark prompts (default 24)")
+    b.add_argument("--max-new-tokens", type=int, help="default 128 (16 with --quick)")
+    b.add_argument("--temperatures", help="comma list, default 0,0.7")
+    b.add_argument("--ks", help="fixed draft lengths: 1-8 (default) or a list like 2,4")
+    b.add_argument("--no-hf", action="store_true", help="skip the transformers systems")
+    b.add_argument("--no-adaptive", action="store_true", help="skip adaptive K")
+    b.add_argument("--threads", type=int, help="torch threads (default: all cores)")
+    b.add_argument("--target", help="hub id or folder of the target (default: SmolLM2-135M-Instruct)")
+    b.add_argument("--draft", "--draft-dir", dest="draft",
+                   help="hub id or Hugging Face folder of the draft (default: the shipped draft)")
+    b.add_argument("--device", default="cpu")
+    b.add_argument("--dtype", choices=["float32", "bfloat16", "float16"],
+                   help="default float32 on CPU, bfloat16 on CUDA")
+    b.add_argument("--synthetic", metavar="PRESET", choices=["llama3-8b", "smollm2-1.7b"],
+                   help="GPU only: random-weight models of real shapes (llama3-8b: Llama-3-8B with a "
+                        "Llama-3.2-1B draft); step costs, c, bandwidth fraction, syncs per step")
+    b.add_argument("--json", action="store_true", help="print only the JSON document")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m specdec_lab", description=__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -83,10 +111,14 @@ def main(argv=None):
     a.add_argument("--temperature", type=float, default=0.0)
     a.add_argument("--device", default="cpu")
     a.add_argument("--json", action="store_true")
+    add_bench_parser(sub)
     args = ap.parse_args(argv)
+    if args.cmd == "generate" and not args.prompt.strip():
+        print("error: prompt must not be empty", file=sys.stderr)
+        return 2
     try:
         {"fetch": cmd_fetch, "generate": cmd_generate, "distill": cmd_distill,
-         "acceptance": cmd_acceptance}[args.cmd](args)
+         "acceptance": cmd_acceptance, "bench": cmd_bench}[args.cmd](args)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -86,7 +86,8 @@ def ensure_default_target() -> Path:
     if marker.exists():
         try:
             info = json.loads(marker.read_text())
-            if (folder / "model.safetensors").stat().st_size == info["safetensors_bytes"]:
+            if info.get("gguf_sha256") == GGUF_SHA256 and \
+                    (folder / "model.safetensors").stat().st_size == info["safetensors_bytes"]:
                 return folder
         except (OSError, ValueError, KeyError):
             pass

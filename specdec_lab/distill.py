@@ -176,11 +176,22 @@ def collate(examples, idx, pad_id):
 
 
 def kl_loss(logits, tgt_ids, tgt_lp, weight):
-    """Forward KL(p || q) with p the target's top-k renormalised, averaged over answer positions."""
-    logq = logits.float().log_softmax(-1).gather(-1, tgt_ids)  # (B, N, k)
+    """Forward KL(p || q) with p the target's top-k renormalised, averaged over answer positions.
+    logits (..., V); tgt_ids, tgt_lp (..., k); weight (...) is 1 at answer positions."""
+    logq = logits.float().log_softmax(-1).gather(-1, tgt_ids)  # (..., k)
     p = tgt_lp.softmax(-1)  # renormalise the stored top-k
-    per_pos = (p * (p.clamp_min(1e-12).log() - logq)).sum(-1)  # (B, N)
+    per_pos = (p * (p.clamp_min(1e-12).log() - logq)).sum(-1)  # (...)
     return torch.where(weight > 0, per_pos, 0.0).sum() / weight.sum().clamp_min(1)
+
+
+def draft_loss(draft, x, tgt_ids, tgt_lp, weight):
+    """The KL at answer positions only: prompt and padding positions skip the (dim x V) head,
+    which is most of a small draft's compute. Matmuls run in bfloat16 autocast on the CPU."""
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=x.device.type == "cpu"):
+        h = draft.hidden(x)  # (B, N, dim)
+        keep = weight > 0  # (B, N)
+        logits = draft.head(h[keep])  # (M, V)
+    return kl_loss(logits, tgt_ids[keep], tgt_lp[keep], weight[keep])
 
 
 @torch.no_grad()
@@ -221,7 +232,7 @@ def train_draft(draft, examples, held, out_dir=None, epochs=4, lr=2e-3, max_toke
         for group in opt.param_groups:
             group["lr"] = lr_now
         x, tgt_ids, tgt_lp, weight = collate(examples, flat[step], draft.cfg.eos_token_ids[0])
-        loss = kl_loss(draft(x), tgt_ids, tgt_lp, weight)
+        loss = draft_loss(draft, x, tgt_ids, tgt_lp, weight)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)

@@ -48,6 +48,11 @@ def check_capacity(prompt_len, max_new_tokens, lookahead, capacity, max_seq_len)
                          f"({lookahead}) = {need} exceeds the cache capacity {min(capacity, max_seq_len)}")
 
 
+def check_token_ids(ids, vocab_size):
+    if max(ids) >= vocab_size or min(ids) < 0:
+        raise ValueError(f"prompt token ids must be in [0, {vocab_size}), got min {min(ids)}, max {max(ids)}")
+
+
 def _decode(tokenizer, tokens):
     return tokenizer.decode(tokens, skip_special_tokens=True) if tokenizer is not None else None
 
@@ -69,6 +74,7 @@ def autoregressive_generate(model, prompt, max_new_tokens=128, temperature=0.0, 
     tokenizer = tokenizer or getattr(model, "tokenizer", None)
     check_generate_args(max_new_tokens, temperature, top_p, top_k)
     ids = encode_prompt(tokenizer, prompt)
+    check_token_ids(ids, model.cfg.vocab_size)
     capacity = len(ids) + max_new_tokens
     check_capacity(len(ids), max_new_tokens, 0, capacity, max_seq_len or model.cfg.max_seq_len)
     device, eos = model.device, model.cfg.eos_token_ids
@@ -141,8 +147,7 @@ class SpeculativeEngine:
     def _check(self, ids, max_new_tokens, temperature, top_p, top_k):
         check_generate_args(max_new_tokens, temperature, top_p, top_k)
         check_capacity(len(ids), max_new_tokens, MAX_K + 1, self.max_seq_len, self.max_seq_len)
-        if max(ids) >= self.target.cfg.vocab_size or min(ids) < 0:
-            raise ValueError(f"prompt token ids must be in [0, {self.target.cfg.vocab_size})")
+        check_token_ids(ids, self.target.cfg.vocab_size)
 
     @torch.no_grad()
     def generate(self, prompt, max_new_tokens=128, temperature=0.0, top_p=1.0, seed=None, top_k=0,

@@ -177,6 +177,13 @@ class Transformer(nn.Module):
         return self.embed(tokens)
 
     def forward(self, tokens, input_pos=None, cache=None, mask=None, last_only=False):
+        x = self.hidden(tokens, input_pos, cache, mask)
+        if last_only:
+            x = x[:, -1:]  # (B, 1, dim)
+        return self.head(x).float()  # (B, T, V)
+
+    def hidden(self, tokens, input_pos=None, cache=None, mask=None):
+        """The final normalised hidden states (B, T, dim), before the output head."""
         B, T = tokens.shape
         start = cache.length if cache is not None else 0
         if input_pos is None:
@@ -191,9 +198,7 @@ class Transformer(nn.Module):
             x = block(x, cos, sin, i, cache, mask)
         if cache is not None:
             cache.advance(T)
-        if last_only:
-            x = x[:, -1:]  # (B, 1, dim)
-        return self.head(self.norm(x)).float()  # (B, T, V)
+        return self.norm(x)
 
 
 def init_weights(model: Transformer, seed: int = 0, std: float = 0.02) -> Transformer:

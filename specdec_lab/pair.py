@@ -62,9 +62,10 @@ def load_default_pair(device="cpu", dtype=torch.float32) -> ModelPair:
 
 def tiny_model(seed=0, vocab_size=64, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, **kw) -> Transformer:
     """A small random decoder (GQA by default) for tests and experiments."""
+    std = kw.pop("std", 0.5)  # large enough that random models have peaked, varied distributions
     cfg = ModelConfig(vocab_size=vocab_size, dim=dim, n_layers=n_layers, n_heads=n_heads,
                       n_kv_heads=n_kv_heads, head_dim=dim // n_heads, intermediate_size=2 * dim,
                       max_seq_len=kw.pop("max_seq_len", 512), eos_token_ids=kw.pop("eos_token_ids", (vocab_size - 1,)),
                       **kw)
-    model = init_weights(Transformer(cfg), seed=seed, std=kw.get("std", 0.5))
+    model = init_weights(Transformer(cfg), seed=seed, std=std)
     return model.eval().requires_grad_(False)

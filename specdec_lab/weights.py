@@ -181,3 +181,38 @@ def convert_gguf(gguf_path, out_dir):
     (out_dir / "config.json").write_text(json.dumps(hf_cfg, indent=2))
     tok.save_pretrained(str(out_dir))
     return out_dir
+
+
+# ----------------------------------------------------------------------------- transformers as a baseline
+# The benchmarks (bench.py) time transformers' own generate and assisted generation
+# against this project's engine; these two functions keep that import here.
+
+def load_hf_causal_lm(source, device="cpu", dtype=torch.float32):
+    """transformers' model alone, for a folder without a tokenizer (the shipped draft is one)."""
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(str(source), dtype=dtype)
+    if model.config.model_type not in SUPPORTED:
+        raise ValueError(f"model architecture {model.config.model_type!r} is not supported; "
+                         f"supported: {', '.join(SUPPORTED)}")
+    return model.to(device).eval()
+
+
+@torch.no_grad()
+def hf_generate(hf_model, ids, max_new_tokens, assistant=None, temperature=0.0, seed=0, eos_token_ids=()):
+    """New token ids from transformers' `generate` (batch 1), or its assisted generation with
+    `assistant` (`assistant_model=`, transformers' default draft-length schedule).
+    Greedy at temperature 0; otherwise plain sampling (top-k and top-p off), seeded."""
+    device = hf_model.device
+    x = torch.tensor([list(ids)], device=device)  # (1, T)
+    eos = list(eos_token_ids) or None
+    kw = dict(max_new_tokens=max_new_tokens, attention_mask=torch.ones_like(x), eos_token_id=eos,
+              pad_token_id=eos[0] if eos else None)
+    if temperature > 0:
+        kw.update(do_sample=True, temperature=float(temperature), top_k=0, top_p=1.0)
+        torch.manual_seed(seed)
+    else:
+        kw.update(do_sample=False, temperature=None, top_k=None, top_p=None)
+    if assistant is not None:
+        kw["assistant_model"] = assistant
+    out = hf_model.generate(x, **kw)
+    return out[0, x.shape[1]:].tolist()

@@ -156,8 +156,6 @@ def test_prompt_plus_max_new_tokens_up_to_max_seq_len_is_allowed(tiny_pair):
     assert len(res.tokens) == 17, "the capacity check refuses a request that fits exactly"
 
 
-@pytest.mark.xfail(strict=True, raises=IndexError,
-                   reason="engine.autoregressive_generate does not check the id range (SpeculativeEngine does)")
 @pytest.mark.parametrize("bad_ids", [[1, 64], [-1, 2]])
 def test_prompt_ids_outside_the_vocabulary_raise_value_error(tiny_pair, bad_ids):
     with pytest.raises(ValueError, match="prompt"):

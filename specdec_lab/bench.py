@@ -1,0 +1,733 @@
+"""Benchmarks: this engine against transformers, and the predicted speedup against the measured one.
+
+Contract: `run_bench(target, draft, BenchConfig(...))` returns one JSON-ready dict;
+`format_table(doc)` renders it. `python -m specdec_lab bench` prints the table,
+then the dict as one JSON document on the last line.
+
+How the figures are made (DESIGN.md section 8):
+- a fixed prompt set (prompts.BENCH_PROMPTS), the same token ids for every system;
+- prompt-major order: on each prompt every system runs in turn (the order rotates
+  from prompt to prompt), so a noisy minute of the machine hits all systems alike;
+- a warm-up call of every system before anything is timed;
+- tokens/s counts generated tokens only, over the wall time of the whole call
+  (prefill included, for every system alike; transformers cannot time its
+  decode alone). On CUDA the device is synchronised before every clock read;
+- ratios are taken between systems of the same run, never across runs.
+
+The prediction is Leviathan et al.'s (arXiv 2211.17192, Theorem 3.8):
+    speedup(alpha, K, c) = (1 - alpha^(K+1)) / ((1 - alpha) (K c + 1)),
+with alpha measured teacher-forced along this run's own autoregressive outputs
+(sum_v min(p_v, q_v) per position) and c the draft's single-token forward time over
+the target's. The theorem assumes that verifying K+1 tokens costs one target
+forward; `verify_cost[K]` measures what it really costs, and
+`predicted_speedup_with_verify_cost` puts it in the denominator instead of 1.
+
+The roofline: autoregressive decode reads every weight and the KV cache once per
+token, so bytes/token x tokens/s over the machine's read bandwidth is the fraction
+of the memory wall it reaches.
+
+`run_synthetic` (GPU only) builds random-weight models of real shapes on the
+device to measure step costs, c and the bandwidth fraction where no weights can
+be downloaded.
+"""
+import math
+import os
+import statistics
+import time
+import warnings
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from .adaptive import CostAwareController, optimal_k
+from .config import ModelConfig
+from .engine import SpeculativeEngine, autoregressive_generate
+from .kv_cache import KVCache
+from .prompts import BENCH_PROMPTS
+from .roofline import expected_speedup, expected_tokens_per_step
+from .sampling import logits_to_probs
+from .text import encode_prompt
+
+# ----------------------------------------------------------------------------- cost arithmetic (pure)
+
+
+def streamed_weight_bytes(cfg: ModelConfig, bytes_per_param: int) -> int:
+    """Weight bytes one decode step reads: every matrix once. An untied input embedding
+    is only gathered (one row), so it is left out; a tied one is read whole as the head."""
+    untied_embedding = 0 if cfg.tie_embeddings else cfg.vocab_size * cfg.dim
+    return (cfg.num_params - untied_embedding) * bytes_per_param
+
+
+def kv_bytes_read(cfg: ModelConfig, context: float, bytes_per_value: int) -> float:
+    """KV bytes one decode step reads at `context` cached positions: K and V, every layer."""
+    return 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * context * bytes_per_value
+
+
+def decode_bytes_per_token(cfg: ModelConfig, context: float, bytes_per_param: int,
+                           bytes_per_value: int | None = None) -> float:
+    return streamed_weight_bytes(cfg, bytes_per_param) + kv_bytes_read(cfg, context, bytes_per_value or bytes_per_param)
+
+
+def roofline_fraction(bytes_per_token: float, tokens_per_second: float, bandwidth: float) -> float:
+    """Share of the memory read bandwidth (bytes/s) that a decode at this rate uses."""
+    if bandwidth <= 0:
+        raise ValueError(f"bandwidth must be > 0, got {bandwidth!r}")
+    return bytes_per_token * tokens_per_second / bandwidth
+
+
+def predicted_speedup(alpha: float, k: int, c: float, verify_cost: float = 1.0) -> float:
+    """E[tokens per step] / (K c + verify_cost). verify_cost = 1 is Theorem 3.8 of
+    arXiv 2211.17192 exactly; a measured verify_cost (target forward over K+1 tokens
+    relative to one) accounts for a verification that is not free."""
+    if verify_cost == 1.0:
+        return expected_speedup(alpha, k, c)
+    return expected_tokens_per_step(alpha, k) / (k * c + verify_cost)
+
+
+def alpha_from_steps(accepted: int, rejections: int) -> float | None:
+    """The maximum-likelihood alpha of truncated geometric observations: each step
+    accepted n drafts and ended with one rejection if n < K. None with no data."""
+    trials = accepted + rejections
+    return accepted / trials if trials else None
+
+
+# ----------------------------------------------------------------------------- measurements
+
+
+class Clock:
+    """perf_counter, with the device synchronised first on CUDA: a host clock read
+    while kernels are still queued would time the queueing, not the work."""
+
+    def __init__(self, device):
+        self.cuda = torch.device(device).type == "cuda"
+
+    def __call__(self) -> float:
+        if self.cuda:
+            torch.cuda.synchronize()  # sync: every clock read on CUDA
+        return time.perf_counter()
+
+
+@torch.no_grad()
+def measure_read_bandwidth(device="cpu", nbytes=None, reps=5) -> float:
+    """This machine's memory read bandwidth in bytes/s: the best of `reps` sums over a
+    float32 buffer much larger than the caches (256 MiB on CPU, 2 GiB on CUDA)."""
+    device = torch.device(device)
+    nbytes = nbytes or (2 << 30 if device.type == "cuda" else 256 << 20)
+    x = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
+    clock, best = Clock(device), math.inf
+    x.sum()  # warm-up: page faults, thread pool
+    for _ in range(reps):
+        t0 = clock()
+        x.sum()
+        best = min(best, clock() - t0)
+    return x.numel() * 4 / best
+
+
+def machine_bandwidth(device="cpu", quick=False) -> tuple[float, str]:
+    """(bytes/s, source): roofline.measure_memory_bandwidth when the library has it, else our own."""
+    from . import roofline
+    nbytes = 2 << 30 if torch.device(device).type == "cuda" else 256 << 20
+    reps = 3 if quick else 7
+    fn = getattr(roofline, "measure_memory_bandwidth", None)
+    if fn is not None:
+        try:
+            return float(fn(nbytes=nbytes, reps=reps, device=device)), "roofline.measure_memory_bandwidth (read)"
+        except TypeError as e:  # an interface we do not know: fall back, and say so
+            warnings.warn(f"roofline.measure_memory_bandwidth: {e}; using bench's own measurement")
+    return measure_read_bandwidth(device, nbytes, reps), "bench.measure_read_bandwidth (sum)"
+
+
+@dataclass
+class StepCosts:
+    target_forward: float  # seconds, one token at `context` cached positions (median)
+    draft_forward: float  # seconds, the same for the draft
+    verify: dict  # K -> seconds of one target forward over K+1 tokens
+    context: int
+
+    @property
+    def c(self) -> float:
+        return self.draft_forward / self.target_forward
+
+    def verify_cost(self, k: int) -> float:
+        """Target forward over K+1 tokens relative to one over a single token (1 in the theorem)."""
+        return self.verify[k] / self.target_forward
+
+
+@torch.no_grad()
+def measure_step_costs(target, draft, ks, context=128, reps=20, warmup=3) -> StepCosts:
+    """Median forward times at `context` cached positions, every kind timed once per
+    round so that drift of the machine hits all alike. Each forward is rolled back."""
+    device, clock = target.device, Clock(target.device)
+    kmax = max(ks, default=1)
+    caches = {id(m): KVCache.for_model(m.cfg, context + kmax + 2, dtype=m.dtype, device=m.device)
+              for m in (target, draft)}
+    prefix = torch.zeros(1, context, dtype=torch.long, device=device)  # (1, context)
+    for m in (target, draft):
+        m(prefix, cache=caches[id(m)], last_only=True)
+    kinds = [("target", target, 1), ("draft", draft, 1)] + [(k, target, k + 1) for k in ks]
+    times = {name: [] for name, _, _ in kinds}
+    for r in range(warmup + reps):
+        for name, m, T in kinds:
+            cache = caches[id(m)]
+            x = prefix[:, :T]  # (1, T)
+            t0 = clock()
+            m(x, cache=cache)
+            dt = clock() - t0
+            cache.rollback(context)
+            if r >= warmup:
+                times[name].append(dt)
+    med = {name: statistics.median(v) for name, v in times.items()}
+    return StepCosts(med["target"], med["draft"], {k: med[k] for k in ks}, context)
+
+
+@torch.no_grad()
+def teacher_forced_alpha(target, draft, runs, temperature) -> tuple[float, int]:
+    """(alpha, positions): mean sum_v min(p_v, q_v) over the positions of `runs`, a list of
+    (prompt_ids, new_ids) that the target itself generated at this temperature."""
+    total, count = 0.0, 0
+    for ids, new in runs:
+        if not new:
+            continue
+        seq = torch.tensor([ids + new], device=target.device)  # (1, P+N)
+        start, n = len(ids) - 1, len(new)  # the position that predicts new[0]
+        lp, lq = target(seq)[0, start:start + n], draft(seq)[0, start:start + n]  # (N, V)
+        p, q = logits_to_probs(lp, temperature), logits_to_probs(lq, temperature)
+        total += torch.minimum(p, q).sum().item()  # sync: once per prompt, outside any timing
+        count += n
+    return (total / count if count else 0.0), count
+
+
+# ----------------------------------------------------------------------------- the systems
+
+
+@dataclass
+class Tally:
+    """What one system did over the prompts of one temperature."""
+    calls: int = 0
+    tokens: int = 0
+    seconds: float = 0.0  # wall time of the calls, prefill included
+    decode_seconds: float = 0.0  # the engine's decode loop only (own systems)
+    prompt_tokens: int = 0
+    steps: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    rejections: int = 0  # drafting steps that ended in a rejection
+    draft_seconds: float = 0.0
+    target_seconds: float = 0.0
+    syncs: int = 0
+    outputs: list = field(default_factory=list)  # the new ids of each call, prompt order
+
+    def add(self, ids, tokens, seconds, stats=None, steps=()):
+        self.calls += 1
+        self.tokens += len(tokens)
+        self.seconds += seconds
+        self.prompt_tokens += len(ids)
+        self.outputs.append(tokens)
+        if stats is None:
+            return
+        self.decode_seconds += stats.seconds
+        self.steps += stats.steps
+        self.drafted += stats.drafted
+        self.accepted += stats.accepted
+        self.rejections += sum(1 for s in steps if 0 < s.k and s.num_accepted < s.k)
+        self.draft_seconds += stats.draft_seconds
+        self.target_seconds += stats.target_seconds
+        self.syncs += stats.syncs
+
+
+@dataclass
+class System:
+    name: str  # the JSON key
+    label: str  # the table's row
+    run: object  # (ids, max_new_tokens, temperature, seed) -> (new ids, GenerationResult or None)
+    k: int | None = None  # fixed draft length, None for adaptive or no drafting
+    own: bool = True  # this engine (has step statistics) or transformers
+    drafts: bool = False
+
+
+def make_systems(target, draft, ks, adaptive=True, hf_target=None, hf_draft=None, fixed_c=None) -> list:
+    """The systems in their table order. `fixed_c` pins the adaptive controller's c (CUDA)."""
+    eos = target.cfg.eos_token_ids
+
+    def ar(ids, n, temperature, seed):
+        res = autoregressive_generate(target, ids, max_new_tokens=n, temperature=temperature, seed=seed)
+        return res.tokens, res
+
+    systems = [System("ar", "this engine, autoregressive", ar)]
+    engine = SpeculativeEngine(target, draft, k=1)
+    for k in ks:
+        def spec(ids, n, temperature, seed, k=k):
+            res = engine.generate(ids, max_new_tokens=n, temperature=temperature, seed=seed, k=k)
+            return res.tokens, res
+        systems.append(System(f"spec_k{k}", f"speculative, K={k}", spec, k=k, drafts=True))
+    if adaptive:
+        engine_a = SpeculativeEngine(target, draft, k=4)
+        engine_a.controller = CostAwareController(c=fixed_c)
+
+        def spec_adaptive(ids, n, temperature, seed):
+            res = engine_a.generate(ids, max_new_tokens=n, temperature=temperature, seed=seed)
+            return res.tokens, res
+        systems.append(System("spec_adaptive", "speculative, adaptive K", spec_adaptive, drafts=True))
+    if hf_target is not None:
+        from .weights import hf_generate
+
+        def hf(ids, n, temperature, seed):
+            return hf_generate(hf_target, ids, n, temperature=temperature, seed=seed, eos_token_ids=eos), None
+        systems.append(System("hf_generate", "transformers generate", hf, own=False))
+        if hf_draft is not None:
+            def hf_assisted(ids, n, temperature, seed):
+                return hf_generate(hf_target, ids, n, assistant=hf_draft, temperature=temperature, seed=seed,
+                                   eos_token_ids=eos), None
+            systems.append(System("hf_assisted", "transformers assisted", hf_assisted, own=False, drafts=True))
+    return systems
+
+
+# ----------------------------------------------------------------------------- the run
+
+
+@dataclass
+class BenchConfig:
+    num_prompts: int = 24  # the first N of BENCH_PROMPTS
+    max_new_tokens: int = 128
+    temperatures: tuple = (0.0, 0.7)
+    ks: tuple = tuple(range(1, 9))  # fixed draft lengths; adaptive K runs besides them
+    adaptive: bool = True
+    hf: bool = True  # the transformers systems (need the HF models)
+    seed: int = 0  # prompt i runs with seed + i, the same for every system
+    cost_reps: int = 20  # rounds of measure_step_costs
+    warmup_tokens: int = 16  # tokens per system in the warm-up call
+    quick: bool = False
+
+    def __post_init__(self):
+        if not 1 <= self.num_prompts <= len(BENCH_PROMPTS):
+            raise ValueError(f"num_prompts must be in [1, {len(BENCH_PROMPTS)}], got {self.num_prompts!r}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens!r}")
+        if not self.temperatures or any(t < 0 for t in self.temperatures):
+            raise ValueError(f"temperatures must be numbers >= 0, got {self.temperatures!r}")
+        if any(not 1 <= k <= 16 for k in self.ks):
+            raise ValueError(f"ks must lie in [1, 16], got {self.ks!r}")
+
+
+QUICK = dict(num_prompts=2, max_new_tokens=16, ks=(2, 4), cost_reps=5, warmup_tokens=4, quick=True)
+
+
+def _timed(system, ids, n, temperature, seed, clock):
+    t0 = clock()
+    tokens, res = system.run(ids, n, temperature, seed)
+    return tokens, res, clock() - t0
+
+
+def run_systems(systems, prompt_ids, cfg, temperature, clock, log=None) -> dict:
+    """name -> Tally: a warm-up call of each system, then prompt-major timed calls."""
+    for s in systems:
+        s.run(prompt_ids[0], min(cfg.warmup_tokens, cfg.max_new_tokens), temperature, cfg.seed)
+    tallies = {s.name: Tally() for s in systems}
+    for i, ids in enumerate(prompt_ids):
+        order = systems[i % len(systems):] + systems[:i % len(systems)]  # rotate who goes first
+        for s in order:
+            tokens, res, dt = _timed(s, ids, cfg.max_new_tokens, temperature, cfg.seed + i, clock)
+            tallies[s.name].add(ids, tokens, dt, res.stats if res else None, res.steps if res else ())
+        if log:
+            log(f"temperature {temperature:g}: prompt {i + 1}/{len(prompt_ids)} done")
+    return tallies
+
+
+def _ratio(a, b):
+    return a / b if a and b else None
+
+
+def summarize_system(s: System, t: Tally, tallies: dict, alpha: float, costs: StepCosts, ks) -> dict:
+    tps = t.tokens / t.seconds if t.seconds > 0 else 0.0
+    rate = {n: (x.tokens / x.seconds if x.seconds > 0 else 0.0) for n, x in tallies.items()}
+    out = {"label": s.label, "k": s.k if s.k is not None else ("adaptive" if s.drafts and s.own else None),
+           "calls": t.calls, "tokens": t.tokens, "seconds": t.seconds, "tokens_per_second": tps,
+           "vs_ar": _ratio(tps, rate.get("ar")), "vs_hf_generate": _ratio(tps, rate.get("hf_generate")),
+           "vs_hf_assisted": _ratio(tps, rate.get("hf_assisted"))}
+    if not s.own:
+        return out
+    ar = tallies["ar"]
+    ar_token_s = ar.decode_seconds / max(ar.tokens, 1)  # seconds per AR decode token
+    out.update({"decode_tokens_per_second": t.tokens / t.decode_seconds if t.decode_seconds else 0.0,
+                "mean_tokens_per_step": t.tokens / t.steps if t.steps else 0.0,
+                "syncs_per_step": t.syncs / t.steps if t.steps else 0.0})
+    if not s.drafts:
+        return out
+    mean_k = t.drafted / t.steps if t.steps else 0.0
+    k_pred = s.k if s.k is not None else optimal_k(alpha, costs.c, 1, max(ks or (8,)))
+    v = costs.verify_cost(k_pred) if k_pred in costs.verify else None
+    predicted = predicted_speedup(alpha, k_pred, costs.c)
+    out.update({
+        "mean_k": mean_k,
+        "alpha": alpha_from_steps(t.accepted, t.rejections),  # this system's own steps
+        "acceptance_rate": t.accepted / t.drafted if t.drafted else 0.0,
+        "c": (t.draft_seconds / t.drafted) / ar_token_s if t.drafted and ar_token_s else None,  # as run
+        "draft_seconds_per_token": t.draft_seconds / t.drafted if t.drafted else None,
+        "target_seconds_per_step": t.target_seconds / t.steps if t.steps else None,
+        "predicted_k": k_pred,
+        "predicted_tokens_per_step": expected_tokens_per_step(alpha, k_pred),
+        "predicted_speedup": predicted,
+        "predicted_speedup_with_verify_cost": predicted_speedup(alpha, k_pred, costs.c, v) if v else None,
+        "measured_speedup": out["vs_ar"],
+        "prediction_error": out["vs_ar"] / predicted - 1.0 if out["vs_ar"] else None,
+    })
+    return out
+
+
+def roofline_report(target, ar: Tally, prompt_ids, bandwidth: float, source: str) -> dict:
+    """The AR decode against the memory wall: bytes it read per token, and the share of bandwidth."""
+    nbytes = target.dtype.itemsize
+    weights = streamed_weight_bytes(target.cfg, nbytes)
+    # Decode step j of a call reads P + j cached positions; sum over the whole run.
+    kv = sum(kv_bytes_read(target.cfg, len(ids) + (len(new) - 1) / 2, nbytes) * len(new)
+             for ids, new in zip(prompt_ids * (len(ar.outputs) // len(prompt_ids)), ar.outputs))
+    tokens = max(ar.tokens, 1)
+    per_token = weights + kv / tokens
+    tps = ar.tokens / ar.decode_seconds if ar.decode_seconds else 0.0
+    return {"bandwidth_bytes_per_s": bandwidth, "bandwidth_source": source, "weight_bytes": weights,
+            "kv_bytes_per_token": kv / tokens, "bytes_per_token": per_token,
+            "ar_decode_tokens_per_second": tps, "achieved_bytes_per_s": per_token * tps,
+            "fraction_of_bandwidth": roofline_fraction(per_token, tps, bandwidth),
+            "ceiling_tokens_per_second": bandwidth / per_token}
+
+
+def _targets(results) -> dict:
+    """DESIGN.md section 8's figures, each with its target and whether this run met it."""
+    out = {}
+
+    def put(name, value, target, lower=True):
+        out[name] = {"value": value, "target": target,
+                     "met": None if value is None else (value >= target if lower else value <= target)}
+
+    for r in results:
+        sy = r["systems"]
+        spec = [n for n in sy if n.startswith("spec_")]
+        if not spec:
+            continue
+        best = max(spec, key=lambda n: sy[n]["tokens_per_second"])
+        tag = f"t{r['temperature']:g}"
+        put(f"{tag}_best_speculative_vs_ar", sy[best]["vs_ar"], 2.0 if r["temperature"] == 0 else 1.5)
+        out[f"{tag}_best_speculative"] = best
+        if "hf_assisted" in sy:
+            put(f"{tag}_best_speculative_vs_hf_assisted", sy[best]["vs_hf_assisted"], 1.5)
+        if "hf_generate" in sy:
+            put(f"{tag}_ar_vs_hf_generate", sy["ar"]["vs_hf_generate"], 1.5)
+        err = sy[best].get("prediction_error")
+        put(f"{tag}_best_speculative_prediction_error", abs(err) if err is not None else None, 0.15, lower=False)
+    return out
+
+
+def run_bench(target, draft, cfg: BenchConfig, hf_target=None, hf_draft=None, log=None) -> dict:
+    """Every system on every prompt at every temperature; returns the JSON document."""
+    device = target.device
+    clock = Clock(device)
+    tok = getattr(target, "tokenizer", None)
+    prompt_ids = [encode_prompt(tok, p) for p in BENCH_PROMPTS[:cfg.num_prompts]]
+    if log:
+        log("measuring memory bandwidth and step costs ...")
+    bandwidth, source = machine_bandwidth(device, cfg.quick)
+    context = int(statistics.mean(len(p) for p in prompt_ids) + cfg.max_new_tokens / 2)
+    costs = measure_step_costs(target, draft, sorted(cfg.ks), context, cfg.cost_reps)
+    fixed_c = costs.c if device.type == "cuda" else None  # host clocks misplace GPU time (adaptive.py)
+    systems = make_systems(target, draft, cfg.ks, cfg.adaptive, hf_target if cfg.hf else None,
+                           hf_draft if cfg.hf else None, fixed_c)
+    results, ar_all = [], Tally()
+    for temperature in cfg.temperatures:
+        tallies = run_systems(systems, prompt_ids, cfg, temperature, clock, log)
+        ar = tallies["ar"]
+        alpha, positions = teacher_forced_alpha(target, draft, list(zip(prompt_ids, ar.outputs)), temperature)
+        sy = {s.name: summarize_system(s, tallies[s.name], tallies, alpha, costs, cfg.ks) for s in systems}
+        if temperature == 0:  # greedy speculative decoding must reproduce greedy decoding
+            for name, t in tallies.items():
+                sy[name]["same_output_as_ar"] = sum(a == b for a, b in zip(t.outputs, ar.outputs)) / len(ar.outputs)
+        results.append({"temperature": temperature, "alpha": alpha, "alpha_positions": positions, "systems": sy})
+        for f in ("tokens", "decode_seconds"):
+            setattr(ar_all, f, getattr(ar_all, f) + getattr(ar, f))
+        ar_all.outputs += ar.outputs
+    return {
+        "config": asdict(cfg),
+        "machine": {"device": str(device), "device_name": _device_name(device),
+                    "threads": torch.get_num_threads(), "dtype": str(target.dtype).replace("torch.", "")},
+        "models": {"target": _model_info(target), "draft": _model_info(draft)},
+        "costs": {"context": costs.context, "target_forward_seconds": costs.target_forward,
+                  "draft_forward_seconds": costs.draft_forward, "c": costs.c,
+                  "verify_seconds": costs.verify, "verify_cost": {k: costs.verify_cost(k) for k in costs.verify}},
+        "roofline": roofline_report(target, ar_all, prompt_ids, bandwidth, source),
+        "results": results,
+        "targets": _targets(results),
+    }
+
+
+def _model_info(m) -> dict:
+    return {"params": m.cfg.num_params, "layers": m.cfg.n_layers, "dim": m.cfg.dim, "vocab": m.cfg.vocab_size,
+            "dtype": str(m.dtype).replace("torch.", "")}
+
+
+def _device_name(device) -> str:
+    if torch.device(device).type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"cpu ({os.cpu_count()} cores)"
+
+
+# ----------------------------------------------------------------------------- the table
+
+
+def _f(x, spec):
+    """format(x, spec), or a dash as wide as the spec when there is no value."""
+    if x is None:
+        width = spec.split(".")[0]
+        return "-".rjust(int(width)) if width.isdigit() else "-"
+    return format(x, spec)
+
+
+def format_table(doc) -> str:
+    m, c, rf = doc["machine"], doc["costs"], doc["roofline"]
+    rows = [f"{m['device_name']}, {m['threads']} threads, {m['dtype']}; target {doc['models']['target']['params'] / 1e6:.0f}M "
+            f"params, draft {doc['models']['draft']['params'] / 1e6:.1f}M; {doc['config']['num_prompts']} prompts, "
+            f"up to {doc['config']['max_new_tokens']} new tokens each",
+            f"step costs at {c['context']} cached tokens: target {c['target_forward_seconds'] * 1e3:.2f} ms, "
+            f"draft {c['draft_forward_seconds'] * 1e3:.2f} ms, c = {c['c']:.3f}; verify K+1 over 1 token: "
+            + " ".join(f"K{k}:{v:.2f}" for k, v in c["verify_cost"].items())]
+    head = (f"{'system':30s} {'tok/s':>7s} {'vs AR':>6s} {'vs HF':>6s} {'vs asst':>7s} {'K':>4s} {'alpha':>6s} "
+            f"{'tok/step':>8s} {'c':>6s} {'pred':>5s} {'pred+v':>6s} {'meas':>5s}")
+    for r in doc["results"]:
+        rows += ["", f"temperature {r['temperature']:g}: alpha = {r['alpha']:.3f} (teacher-forced, "
+                     f"{r['alpha_positions']} positions)", head]
+        for s in r["systems"].values():
+            rows.append(f"{s['label']:30s} {s['tokens_per_second']:7.1f} {_f(s['vs_ar'], '6.2f')} "
+                        f"{_f(s['vs_hf_generate'], '6.2f')} {_f(s['vs_hf_assisted'], '7.2f')} {_f(s.get('mean_k'), '4.1f')} "
+                        f"{_f(s.get('alpha'), '6.3f')} {_f(s.get('mean_tokens_per_step'), '8.2f')} "
+                        f"{_f(s.get('c'), '6.3f')} {_f(s.get('predicted_speedup'), '5.2f')} "
+                        f"{_f(s.get('predicted_speedup_with_verify_cost'), '6.2f')} "
+                        f"{_f(s.get('measured_speedup'), '5.2f')}")
+    rows += ["", f"roofline: memory read bandwidth {rf['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s "
+                 f"({rf['bandwidth_source']}); AR decode reads {rf['bytes_per_token'] / 1e6:.0f} MB/token "
+                 f"at {rf['ar_decode_tokens_per_second']:.1f} tokens/s = {rf['achieved_bytes_per_s'] / 1e9:.1f} GB/s, "
+                 f"{100 * rf['fraction_of_bandwidth']:.0f}% of it (ceiling {rf['ceiling_tokens_per_second']:.0f} tokens/s)"]
+    rows.append("targets (DESIGN.md section 8): " + "; ".join(
+        f"{n} {_f(v['value'], '.2f')} ({'met' if v['met'] else 'NOT met'}, target {v['target']})"
+        for n, v in doc["targets"].items() if isinstance(v, dict)))
+    rows.append("pred: Theorem 3.8 of arXiv 2211.17192 from alpha and c; pred+v: with the measured cost of "
+                "verifying K+1 tokens; meas: measured speedup over this engine's autoregressive decode")
+    return "\n".join(rows)
+
+
+# ----------------------------------------------------------------------------- GPU: syncs and synthetic pairs
+
+
+def count_cuda_syncs(fn):
+    """(fn(), n): the host synchronisations CUDA reports while fn runs (torch's sync debug
+    mode warns at each one: .item(), .tolist(), a blocking copy). n is None without CUDA."""
+    if not torch.cuda.is_available():
+        return fn(), None
+    previous = torch.cuda.get_sync_debug_mode()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            out = fn()
+        finally:
+            torch.cuda.set_sync_debug_mode(previous)
+    return out, sum("synchroniz" in str(w.message) for w in caught)
+
+
+def cuda_syncs_per_step(target, draft, ids, k=4, max_new_tokens=32) -> dict:
+    """Syncs per speculative step: as the engine counts them, and as CUDA reports them."""
+    engine = SpeculativeEngine(target, draft, k=k)
+    engine.generate(ids, max_new_tokens=8)  # warm-up
+    res, n = count_cuda_syncs(lambda: engine.generate(ids, max_new_tokens=max_new_tokens))
+    steps = max(res.stats.steps, 1)
+    return {"k": k, "steps": res.stats.steps, "engine_counted_syncs_per_step": res.stats.syncs_per_step,
+            "cuda_reported_syncs_per_step": None if n is None else n / steps}
+
+
+def _llama(vocab, dim, layers, heads, kv_heads, inter, theta, tie):
+    return ModelConfig(vocab_size=vocab, dim=dim, n_layers=layers, n_heads=heads, n_kv_heads=kv_heads,
+                       head_dim=dim // heads, intermediate_size=inter, rope_theta=theta, max_seq_len=8192,
+                       tie_embeddings=tie, eos_token_ids=())  # no EOS: random weights would stop anywhere
+
+
+# Real shapes (from the models' config.json): target, draft.
+SYNTHETIC = {
+    "llama3-8b": (_llama(128256, 4096, 32, 32, 8, 14336, 500000.0, False),  # Llama-3-8B
+                  _llama(128256, 2048, 16, 32, 8, 8192, 500000.0, True)),  # Llama-3.2-1B
+    "smollm2-1.7b": (_llama(49152, 2048, 24, 32, 32, 8192, 130000.0, True),  # SmolLM2-1.7B
+                     _llama(49152, 576, 30, 9, 3, 1536, 100000.0, True)),  # SmolLM2-135M
+}
+
+
+@torch.no_grad()
+def random_model(cfg: ModelConfig, device, dtype=torch.bfloat16, seed=0, std=0.02):
+    """A Transformer with random weights made directly on the device (init_weights draws
+    on the host, which for 8B parameters takes minutes and 32 GB of host memory)."""
+    from .model import Transformer, rope_table
+    with torch.device("meta"):
+        model = Transformer(cfg).to(dtype)
+    model = model.to_empty(device=device)
+    g = torch.Generator(device=device).manual_seed(seed)
+    for name, p in model.named_parameters():
+        if name.endswith("norm.weight"):
+            p.fill_(1.0)
+        else:
+            p.normal_(0.0, std, generator=g)
+    cos, sin = rope_table(cfg)  # to_empty left the buffers uninitialised
+    model.rope_cos, model.rope_sin = cos.to(device), sin.to(device)
+    return model.eval().requires_grad_(False)
+
+
+def run_synthetic(preset, device="cuda", dtype=torch.bfloat16, ks=tuple(range(1, 9)), prompt_len=128,
+                  max_new_tokens=128, reps=20, alphas=(0.6, 0.7, 0.8, 0.9), allow_cpu=False, log=None) -> dict:
+    """Step costs, c, the AR decode's bandwidth fraction and syncs per step of a random-weight
+    pair of real shapes. `preset` is a SYNTHETIC key or a (target_cfg, draft_cfg) pair.
+    Random weights make alpha meaningless, so speedups are predicted over a range of alpha."""
+    device = torch.device(device)
+    if device.type != "cuda" and not allow_cpu:
+        raise ValueError(f"--synthetic is GPU-only (it builds multi-billion-parameter models); "
+                         f"device {str(device)!r} is not CUDA")
+    if isinstance(preset, str) and preset not in SYNTHETIC:
+        raise ValueError(f"synthetic preset must be one of {sorted(SYNTHETIC)}, got {preset!r}")
+    tcfg, dcfg = SYNTHETIC[preset] if isinstance(preset, str) else preset
+    if log:
+        log("building random-weight models on the device ...")
+    target, draft = random_model(tcfg, device, dtype, 0), random_model(dcfg, device, dtype, 1)
+    bandwidth = measure_read_bandwidth(device)
+    costs = measure_step_costs(target, draft, ks, prompt_len + max_new_tokens // 2, reps)
+    ids = torch.randint(0, tcfg.vocab_size, (prompt_len,), generator=torch.Generator().manual_seed(0)).tolist()
+    autoregressive_generate(target, ids, max_new_tokens=8)  # warm-up
+    clock, ar = Clock(device), Tally()
+    t0 = clock()
+    res = autoregressive_generate(target, ids, max_new_tokens=max_new_tokens)
+    ar.add(ids, res.tokens, clock() - t0, res.stats, res.steps)
+    syncs = cuda_syncs_per_step(target, draft, ids, k=min(4, max(ks)), max_new_tokens=min(32, max_new_tokens))
+    predictions = {f"{a:g}": {k: {"speedup": predicted_speedup(a, k, costs.c),
+                                  "speedup_with_verify_cost": predicted_speedup(a, k, costs.c, costs.verify_cost(k))}
+                              for k in ks} for a in alphas}
+    return {
+        "synthetic": preset if isinstance(preset, str) else "custom",
+        "machine": {"device": str(device), "device_name": _device_name(device), "dtype": str(dtype).replace("torch.", "")},
+        "models": {"target": _model_info(target), "draft": _model_info(draft)},
+        "costs": {"context": costs.context, "target_forward_seconds": costs.target_forward,
+                  "draft_forward_seconds": costs.draft_forward, "c": costs.c, "verify_seconds": costs.verify,
+                  "verify_cost": {k: costs.verify_cost(k) for k in ks}},
+        "roofline": roofline_report(target, ar, [ids], bandwidth, "bench.measure_read_bandwidth (sum)"),
+        "syncs": syncs,
+        "predicted": predictions,
+    }
+
+
+def format_synthetic(doc) -> str:
+    c, rf, m = doc["costs"], doc["roofline"], doc["models"]
+    rows = [f"synthetic {doc['synthetic']} on {doc['machine']['device_name']} ({doc['machine']['dtype']}): target "
+            f"{m['target']['params'] / 1e9:.2f}B params, draft {m['draft']['params'] / 1e9:.2f}B",
+            f"step costs at {c['context']} cached tokens: target {c['target_forward_seconds'] * 1e3:.2f} ms, "
+            f"draft {c['draft_forward_seconds'] * 1e3:.2f} ms, c = {c['c']:.3f}",
+            "verify K+1 tokens over 1: " + " ".join(f"K{k}:{v:.2f}" for k, v in c["verify_cost"].items()),
+            f"AR decode {rf['ar_decode_tokens_per_second']:.1f} tokens/s x {rf['bytes_per_token'] / 1e9:.2f} GB/token = "
+            f"{rf['achieved_bytes_per_s'] / 1e9:.0f} GB/s, {100 * rf['fraction_of_bandwidth']:.0f}% of the measured "
+            f"{rf['bandwidth_bytes_per_s'] / 1e9:.0f} GB/s",
+            f"host syncs per speculative step (K={doc['syncs']['k']}): engine counts "
+            f"{doc['syncs']['engine_counted_syncs_per_step']:.2f}, CUDA reports "
+            f"{_f(doc['syncs']['cuda_reported_syncs_per_step'], '.2f')}",
+            "predicted speedup (Theorem 3.8 / with measured verify cost):"]
+    for a, per_k in doc["predicted"].items():
+        rows.append(f"  alpha {a}: " + " ".join(f"K{k}:{v['speedup']:.2f}/{v['speedup_with_verify_cost']:.2f}"
+                                               for k, v in per_k.items()))
+    return "\n".join(rows)
+
+
+# ----------------------------------------------------------------------------- the command line
+
+
+def _parse_list(text, kind, name):
+    """'1-8' or '1,2,4' (ints), '0,0.7' (floats)."""
+    try:
+        if kind is int and "-" in text:
+            lo, hi = text.split("-")
+            return tuple(range(int(lo), int(hi) + 1))
+        return tuple(kind(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise ValueError(f"{name} must be a comma list like 1,2,4 (or a range 1-8 for ks), got {text!r}") from None
+
+
+def bench_main(args, out=print, err=None):
+    """`python -m specdec_lab bench`: the table (unless --json), then the JSON document as the last line."""
+    import json
+    import sys
+    err = err or (lambda s: print(s, file=sys.stderr, flush=True))
+    if args.threads is not None and args.threads < 1:
+        raise ValueError(f"--threads must be >= 1, got {args.threads}")
+    torch.set_num_threads(args.threads or os.cpu_count())
+    device = torch.device(args.device)
+    dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if device.type == "cuda" else torch.float32)
+    if args.synthetic:
+        ks = _parse_list(args.ks, int, "--ks") if args.ks else tuple(range(1, 9))
+        doc = run_synthetic(args.synthetic, device, dtype, ks, max_new_tokens=args.max_new_tokens or 128, log=err)
+        text = format_synthetic(doc)
+    else:
+        cfg = BenchConfig(**{**(QUICK if args.quick else {}), **_overrides(args)})
+        target, draft, hf_target, hf_draft = load_systems_models(args, device, dtype, cfg.hf, err)
+        doc = run_bench(target, draft, cfg, hf_target, hf_draft, log=err)
+        if device.type == "cuda":
+            doc["gpu"] = cuda_syncs_per_step(target, draft, encode_prompt(target.tokenizer, BENCH_PROMPTS[0]))
+        text = format_table(doc)
+    if not args.json:
+        out(text)
+    out(json.dumps(doc))
+
+
+def _overrides(args) -> dict:
+    o = {}
+    if args.prompts is not None:
+        o["num_prompts"] = args.prompts
+    if args.max_new_tokens is not None:
+        o["max_new_tokens"] = args.max_new_tokens
+    if args.temperatures:
+        o["temperatures"] = _parse_list(args.temperatures, float, "--temperatures")
+    if args.ks:
+        o["ks"] = _parse_list(args.ks, int, "--ks")
+    if args.no_hf:
+        o["hf"] = False
+    if args.no_adaptive:
+        o["adaptive"] = False
+    return o
+
+
+def load_systems_models(args, device, dtype, with_hf, log):
+    """(target, draft, hf_target, hf_draft): ours from the same folders transformers loads."""
+    from .assets import ensure_default_target
+    from .pair import default_draft_dir, load_model_cached
+    target_src = args.target or ensure_default_target()
+    draft_src = args.draft or default_draft_dir()
+    if not args.draft and not (default_draft_dir() / "model.safetensors").exists():
+        raise ValueError(f"the shipped draft is missing from {default_draft_dir()}; pass --draft-dir FOLDER")
+    log(f"loading target {target_src} and draft {draft_src} ...")
+    target = load_model_cached(target_src, device, dtype)
+    draft = load_draft(draft_src, device, dtype) if _is_hf_folder(draft_src) else load_model_cached(draft_src, device, dtype)
+    if draft.cfg.vocab_size != target.cfg.vocab_size:
+        raise ValueError(f"draft vocabulary ({draft.cfg.vocab_size}) differs from the target's ({target.cfg.vocab_size})")
+    hf_target = hf_draft = None
+    if with_hf:
+        from .weights import load_hf_causal_lm, load_hf_model
+        hf_target = load_hf_model(target_src, dtype=dtype)[0].to(device)
+        hf_draft = load_hf_causal_lm(draft_src, device=device, dtype=dtype)
+    return target, draft, hf_target, hf_draft
+
+
+def _is_hf_folder(source) -> bool:
+    path = Path(os.path.expanduser(str(source)))
+    return (path / "config.json").exists() and (path / "model.safetensors").exists()
+
+
+def load_draft(folder, device="cpu", dtype=torch.float32):
+    """A draft from a Hugging Face folder that holds no tokenizer (save_draft writes none):
+    the draft shares the target's, so only the weights are read."""
+    import json
+    from safetensors.torch import load_file
+    from .weights import build_model, config_from_hf, from_hf_state_dict
+    folder = Path(os.path.expanduser(str(folder)))
+    cfg = config_from_hf(json.loads((folder / "config.json").read_text()))
+    sd = load_file(str(folder / "model.safetensors"))
+    if cfg.tie_embeddings:
+        sd.pop("lm_head.weight", None)
+    return build_model(cfg, from_hf_state_dict(sd, cfg), device, dtype)

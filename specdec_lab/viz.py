@@ -1,0 +1,223 @@
+"""Plotly figures for the chapters: pure functions of results, no measuring and no models.
+
+Each function takes numbers (or a result object the library returned) and gives
+back a go.Figure; calling it twice on the same input gives the same figure. The
+core never imports this module (DESIGN.md section 2).
+"""
+import math
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from .roofline import attainable_flops, expected_speedup
+
+COLORS = {"contiguous": "#d62728", "paged": "#1f77b4"}
+GOOD, BAD, NEUTRAL = "#2ca02c", "#d62728", "#7f7f7f"
+PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf"]
+
+
+def _log_range(lo, hi, n=60):
+    a, b = math.log10(lo), math.log10(hi)
+    return [10 ** (a + (b - a) * i / (n - 1)) for i in range(n)]
+
+
+# --------------------------------------------------------------------------- chapter 01
+
+
+def roofline_figure(machines, points=(), title="Roofline") -> go.Figure:
+    """Log-log roofline. machines: {name: (peak_flops, bandwidth)} drawn as min(peak, I x bw);
+    points: dicts with label, intensity (FLOP/byte) and flops (FLOP/s achieved)."""
+    fig = go.Figure()
+    lo = min([0.1] + [p["intensity"] / 2 for p in points])
+    hi = max([1e4] + [p["intensity"] * 2 for p in points])
+    xs = _log_range(lo, hi)
+    for i, (name, (peak, bw)) in enumerate(machines.items()):
+        fig.add_trace(go.Scatter(x=xs, y=[attainable_flops(x, peak, bw) for x in xs], mode="lines", name=name,
+                                 line=dict(color=PALETTE[i % len(PALETTE)], dash="solid" if i == 0 else "dash")))
+    for p in points:
+        fig.add_trace(go.Scatter(x=[p["intensity"]], y=[p["flops"]], mode="markers+text", name=p["label"],
+                                 text=[p["label"]], textposition="top center", marker=dict(size=10),
+                                 showlegend=False))
+    fig.update_xaxes(type="log", title_text="arithmetic intensity (FLOP / byte)")
+    fig.update_yaxes(type="log", title_text="attainable FLOP/s")
+    fig.update_layout(title=title, height=480)
+    return fig
+
+
+def forward_cost_figure(tokens, seconds, predicted=None, title="Cost of one forward over T tokens") -> go.Figure:
+    """Left: seconds per forward against T; right: seconds per token (= per forward / T).
+    `predicted` (optional) is a roofline prediction of the per-forward seconds, drawn dashed."""
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("ms per forward", "ms per token"))
+    ms = [s * 1e3 for s in seconds]
+    fig.add_trace(go.Scatter(x=tokens, y=ms, mode="lines+markers", name="measured", line=dict(color=PALETTE[0])),
+                  row=1, col=1)
+    fig.add_trace(go.Scatter(x=tokens, y=[m / t for m, t in zip(ms, tokens)], mode="lines+markers",
+                             name="measured, per token", line=dict(color=PALETTE[0]), showlegend=False), row=1, col=2)
+    if predicted is not None:
+        pm = [s * 1e3 for s in predicted]
+        fig.add_trace(go.Scatter(x=tokens, y=pm, mode="lines", name="roofline prediction",
+                                 line=dict(color=NEUTRAL, dash="dash")), row=1, col=1)
+        fig.add_trace(go.Scatter(x=tokens, y=[m / t for m, t in zip(pm, tokens)], mode="lines",
+                                 line=dict(color=NEUTRAL, dash="dash"), showlegend=False), row=1, col=2)
+    fig.update_xaxes(type="log", title_text="tokens per forward T")
+    fig.update_yaxes(rangemode="tozero")
+    fig.update_layout(title=title, height=420)
+    return fig
+
+
+# --------------------------------------------------------------------------- chapter 02
+
+
+def distribution_figure(probs, counts_by_name, pvalues=None, labels=None) -> go.Figure:
+    """One row per sampler: its observed frequency of each outcome (bars) against the exact
+    probability (black markers). probs: {outcome: p}; counts_by_name: {name: {outcome: count}};
+    pvalues: {name: chi-square p-value} for the row titles; labels: {outcome: text} for the x axis."""
+    outcomes = sorted(probs, key=lambda x: (-probs[x], x))
+    xs = [labels[x] if labels else " ".join(map(str, x)) for x in outcomes]
+    names = list(counts_by_name)
+    titles = [f"{n}: chi-square p = {pvalues[n]:.2g}" if pvalues else n for n in names]
+    fig = make_subplots(rows=len(names), cols=1, shared_xaxes=True, subplot_titles=titles, vertical_spacing=0.08)
+    for i, name in enumerate(names, start=1):
+        counts = counts_by_name[name]
+        n = sum(counts.values())
+        ok = pvalues is None or pvalues[name] > 1e-3
+        fig.add_trace(go.Bar(x=xs, y=[counts.get(x, 0) / n for x in outcomes], name=name,
+                             marker_color=GOOD if ok else BAD, showlegend=False), row=i, col=1)
+        fig.add_trace(go.Scatter(x=xs, y=[probs[x] for x in outcomes], mode="markers", name="exact",
+                                 marker=dict(color="black", symbol="line-ew-open", size=14, line=dict(width=2)),
+                                 showlegend=i == 1), row=i, col=1)
+        fig.update_yaxes(title_text="frequency", row=i, col=1)
+    fig.update_xaxes(title_text="generated sequence", tickangle=-60, row=len(names), col=1)
+    fig.update_layout(title="Empirical frequency (bars) against the target's exact probability (markers)",
+                      height=260 * len(names) + 120, bargap=0.15)
+    return fig
+
+
+def speedup_heatmap(alphas, ks, c) -> go.Figure:
+    """Expected speedup (arXiv 2211.17192, Theorem 3.8) over alpha (x) and K (y) for one c,
+    with the best K for each alpha marked and the break-even contour at 1."""
+    z = [[expected_speedup(a, k, c) for a in alphas] for k in ks]
+    best = [max(ks, key=lambda k: expected_speedup(a, k, c)) for a in alphas]
+    fig = go.Figure(go.Heatmap(x=alphas, y=ks, z=z, colorscale="RdBu", zmid=1.0,
+                               colorbar=dict(title="speedup"),
+                               hovertemplate="alpha %{x:.2f}, K %{y}: %{z:.2f}x<extra></extra>"))
+    fig.add_trace(go.Contour(x=alphas, y=ks, z=z, contours=dict(start=1, end=1, coloring="none",
+                                                                   showlabels=True),
+                             line=dict(color="black", width=2, dash="dot"), showscale=False, name="speedup = 1",
+                             hoverinfo="skip"))
+    fig.add_trace(go.Scatter(x=alphas, y=best, mode="lines+markers", name="best K",
+                             line=dict(color="black"), marker=dict(size=5)))
+    fig.update_layout(title=f"Expected speedup over alpha and K, c = {c}", height=460,
+                      xaxis_title="acceptance rate alpha", yaxis_title="draft length K")
+    return fig
+
+
+# --------------------------------------------------------------------------- chapter 03
+
+
+def cache_drift_figure(steps_by_name, missing_by_name) -> go.Figure:
+    """Top: draft tokens accepted per step; bottom: committed tokens missing from the draft's
+    cache after each step. steps_by_name / missing_by_name: {name: [int per step]}."""
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.1,
+                        subplot_titles=("draft tokens accepted per step",
+                                        "committed tokens missing from the draft's cache"))
+    for i, name in enumerate(steps_by_name):
+        color = PALETTE[i % len(PALETTE)]
+        acc = steps_by_name[name]
+        fig.add_trace(go.Scatter(x=list(range(len(acc))), y=acc, mode="lines+markers", name=name,
+                                 line=dict(color=color), legendgroup=name), row=1, col=1)
+        miss = missing_by_name[name]
+        fig.add_trace(go.Scatter(x=list(range(len(miss))), y=miss, mode="lines+markers", name=name,
+                                 line=dict(color=color), legendgroup=name, showlegend=False), row=2, col=1)
+    fig.update_yaxes(title_text="accepted", rangemode="tozero", row=1, col=1)
+    fig.update_yaxes(title_text="tokens", rangemode="tozero", row=2, col=1)
+    fig.update_xaxes(title_text="step", row=2, col=1)
+    fig.update_layout(title="The draft's cache after rollback: correct against the seed's off-by-one", height=560)
+    return fig
+
+
+# --------------------------------------------------------------------------- chapter 04
+
+
+def mask_figure(mask, L, labels=None) -> go.Figure:
+    """The additive mask (T, L+T) as a picture: allowed (0) light, blocked (-inf) dark.
+    L cached positions on the left, then the T new ones; labels name the T new tokens."""
+    T, S = mask.shape[-2], mask.shape[-1]
+    m = mask.reshape(T, S)
+    z = [[1 if float(m[i, j]) == 0 else 0 for j in range(S)] for i in range(T)]
+    cols = [f"cache {j}" for j in range(L)] + (list(labels) if labels else [f"new {j}" for j in range(T)])
+    rows = list(labels) if labels else [f"new {i}" for i in range(T)]
+    fig = go.Figure(go.Heatmap(z=z, x=cols, y=rows, colorscale=[[0, "#222222"], [1, "#9ecae1"]], showscale=False,
+                               xgap=2, ygap=2, hovertemplate="query %{y} -> key %{x}<extra></extra>"))
+    fig.add_vline(x=L - 0.5, line=dict(color=BAD, width=2))
+    fig.update_yaxes(autorange="reversed", title_text="query (new token)")
+    fig.update_xaxes(title_text="key: cached positions | new positions", tickangle=-45)
+    fig.update_layout(title=f"Verification mask: L = {L} cached, T = {T} new (light = attend, dark = -inf)",
+                      height=160 + 40 * T)
+    return fig
+
+
+def logit_difference_figure(positions, diffs_by_name) -> go.Figure:
+    """Max |logit difference| against K+1 single-token passes, per position, log scale.
+    diffs_by_name: {name: [float per position]}; zeros are drawn at the float32 floor."""
+    fig = go.Figure()
+    for i, (name, diffs) in enumerate(diffs_by_name.items()):
+        fig.add_trace(go.Bar(x=positions, y=[max(d, 1e-8) for d in diffs], name=name,
+                             marker_color=[GOOD, BAD, NEUTRAL][i % 3]))
+    fig.update_yaxes(type="log", title_text="max |logit difference|")
+    fig.update_xaxes(title_text="position in the verification pass")
+    fig.update_layout(title="One K+1 pass against K+1 single-token passes", barmode="group", height=420)
+    return fig
+
+
+# --------------------------------------------------------------------------- chapter 05
+
+
+def verify_cost_figure(ks, seconds_by_name, syncs_by_name) -> go.Figure:
+    """Left: microseconds per verification against K; right: host syncs per verification.
+    seconds_by_name / syncs_by_name: {name: [value per K]}."""
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("time per verification (us)", "host syncs per verification"))
+    for i, name in enumerate(seconds_by_name):
+        color = PALETTE[i % len(PALETTE)]
+        fig.add_trace(go.Scatter(x=ks, y=[s * 1e6 for s in seconds_by_name[name]], mode="lines+markers", name=name,
+                                 line=dict(color=color), legendgroup=name), row=1, col=1)
+        fig.add_trace(go.Scatter(x=ks, y=syncs_by_name[name], mode="lines+markers", name=name,
+                                 line=dict(color=color), legendgroup=name, showlegend=False), row=1, col=2)
+    fig.update_xaxes(title_text="draft length K")
+    fig.update_yaxes(rangemode="tozero")
+    fig.update_layout(title="Reference loop against the vectorised verifier", height=420)
+    return fig
+
+
+# --------------------------------------------------------------------------- chapter 07
+
+
+def fragmentation_figure(result) -> go.Figure:
+    """Top: KV slots reserved (solid) and used (dotted) per engine step, for both
+    designs. Bottom: requests running at once. The gap between a design's two top
+    lines is memory it holds but does not use. `result` is paged.simulate_fragmentation's."""
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08,
+                        subplot_titles=("KV memory: reserved vs used", "Concurrent requests"))
+    for trace in (result.contiguous, result.paged):
+        name, color = trace.design, COLORS[trace.design]
+        steps = list(range(len(trace.reserved)))
+        fig.add_trace(go.Scatter(x=steps, y=trace.reserved, name=f"{name}: reserved",
+                                 line=dict(color=color), legendgroup=name), row=1, col=1)
+        fig.add_trace(go.Scatter(x=steps, y=trace.used, name=f"{name}: used",
+                                 line=dict(color=color, dash="dot"), legendgroup=name), row=1, col=1)
+        fig.add_trace(go.Scatter(x=steps, y=trace.running,
+                                 name=f"{name}: running (mean {trace.mean_concurrent:.0f} when memory-bound)",
+                                 line=dict(color=color, width=1), legendgroup=name), row=2, col=1)
+    memory = result.params["memory_tokens"]
+    fig.add_hline(y=memory, line=dict(color="gray", dash="dash"), row=1, col=1,
+                  annotation_text=f"memory: {memory} token slots", annotation_position="top left")
+    c, p = result.contiguous, result.paged
+    fig.update_layout(
+        title=(f"Contiguous vs paged KV cache (P={result.params['block_size']}, K={result.params['k']}): "
+               f"utilisation {c.utilisation:.0%} vs {p.utilisation:.0%}, "
+               f"concurrency {c.mean_concurrent:.0f} vs {p.mean_concurrent:.0f}"),
+        height=600, hovermode="x unified", legend=dict(groupclick="toggleitem"))
+    fig.update_yaxes(title_text="KV token slots", row=1, col=1)
+    fig.update_yaxes(title_text="requests", row=2, col=1)
+    fig.update_xaxes(title_text="engine step", row=2, col=1)
+    return fig

@@ -1,0 +1,215 @@
+"""The benchmark: its cost arithmetic, its smoke run on the default target, and its CLI."""
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from specdec_lab import bench
+from specdec_lab.config import ModelConfig
+from specdec_lab.roofline import expected_speedup
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# ----------------------------------------------------------------------------- pure pieces
+
+
+def test_bytes_per_token_counts_every_weight_once_and_the_kv_cache_read():
+    cfg = ModelConfig()  # SmolLM2-135M: tied embeddings, 30 layers, 3 KV heads of 64
+    assert bench.streamed_weight_bytes(cfg, 4) == cfg.num_params * 4, "a tied embedding is the head: read whole"
+    untied = ModelConfig(tie_embeddings=False)
+    assert bench.streamed_weight_bytes(untied, 2) == (untied.num_params - 49152 * 576) * 2, \
+        "an untied input embedding is only gathered, one row per token, and must not be counted as streamed"
+    assert bench.kv_bytes_read(cfg, 100, 4) == 2 * 30 * 3 * 64 * 100 * 4
+    assert bench.decode_bytes_per_token(cfg, 100, 4) == cfg.num_params * 4 + 2 * 30 * 3 * 64 * 100 * 4
+
+
+def test_bytes_per_token_agrees_with_the_roofline_module_when_it_has_one():
+    from specdec_lab import roofline
+    if not hasattr(roofline, "bytes_per_token"):
+        pytest.skip("roofline.bytes_per_token not present")
+    for cfg in (ModelConfig(), ModelConfig(tie_embeddings=False)):
+        assert bench.decode_bytes_per_token(cfg, 128, 2) == pytest.approx(
+            roofline.bytes_per_token(cfg, 128, 2)), "two definitions of bytes per token disagree"
+
+
+def test_roofline_fraction_is_bytes_per_token_times_rate_over_bandwidth():
+    assert bench.roofline_fraction(5e8, 40.0, 4e10) == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="bandwidth"):
+        bench.roofline_fraction(5e8, 40.0, 0.0)
+
+
+def test_prediction_is_theorem_3_8_and_a_verify_cost_enters_the_denominator():
+    for alpha, k, c in [(0.0, 1, 0.1), (0.6, 4, 0.05), (0.8, 8, 0.2), (1.0, 3, 0.1)]:
+        theorem = (1 - alpha ** (k + 1)) / ((1 - alpha) * (k * c + 1)) if alpha < 1 else (k + 1) / (k * c + 1)
+        assert bench.predicted_speedup(alpha, k, c) == pytest.approx(theorem)
+        assert bench.predicted_speedup(alpha, k, c) == pytest.approx(expected_speedup(alpha, k, c))
+    assert bench.predicted_speedup(0.6, 4, 0.05, verify_cost=2.0) == pytest.approx(
+        (1 - 0.6 ** 5) / 0.4 / (4 * 0.05 + 2.0)), "a verification costing two target forwards halves the gain"
+
+
+def test_alpha_from_steps_is_accepted_over_trials():
+    assert bench.alpha_from_steps(6, 2) == pytest.approx(0.75)  # e.g. K=4 steps: 4 accepted (bonus), then 2, then 0
+    assert bench.alpha_from_steps(0, 0) is None
+
+
+def test_list_options_parse_ranges_and_lists_and_name_the_option_when_bad():
+    assert bench._parse_list("1-8", int, "--ks") == tuple(range(1, 9))
+    assert bench._parse_list("2,4", int, "--ks") == (2, 4)
+    assert bench._parse_list("0,0.7", float, "--temperatures") == (0.0, 0.7)
+    with pytest.raises(ValueError, match="--ks"):
+        bench._parse_list("two", int, "--ks")
+
+
+def test_bench_config_rejects_bad_values_naming_them():
+    for kw, name in [(dict(num_prompts=0), "num_prompts"), (dict(num_prompts=25), "num_prompts"),
+                     (dict(max_new_tokens=0), "max_new_tokens"), (dict(temperatures=(-1.0,)), "temperatures"),
+                     (dict(ks=(0,)), "ks")]:
+        with pytest.raises(ValueError, match=name):
+            bench.BenchConfig(**kw)
+
+
+def test_step_costs_time_every_kind_and_restore_the_caches(tiny_pair):
+    costs = bench.measure_step_costs(tiny_pair.target, tiny_pair.draft, ks=(1, 3), context=16, reps=2, warmup=1)
+    assert costs.target_forward > 0 and costs.draft_forward > 0 and set(costs.verify) == {1, 3}
+    assert costs.c == costs.draft_forward / costs.target_forward
+    assert costs.verify_cost(3) == costs.verify[3] / costs.target_forward
+
+
+def test_synthetic_mode_is_gpu_only_with_a_clear_error():
+    with pytest.raises(ValueError, match="GPU-only"):
+        bench.run_synthetic("llama3-8b", device="cpu")
+
+
+def test_synthetic_mode_runs_end_to_end_on_tiny_shapes():
+    """The GPU path's pieces, on CPU with small shapes: random models on the device, costs,
+    roofline, syncs per step, predictions."""
+    t = ModelConfig(vocab_size=128, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16,
+                    intermediate_size=128, max_seq_len=256, eos_token_ids=())
+    d = ModelConfig(vocab_size=128, dim=32, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=16,
+                    intermediate_size=64, max_seq_len=256, eos_token_ids=())
+    doc = bench.run_synthetic((t, d), device="cpu", dtype=torch.float32, ks=(1, 2), prompt_len=8,
+                              max_new_tokens=8, reps=2, allow_cpu=True)
+    json.dumps(doc)
+    assert doc["models"]["target"]["params"] == t.num_params
+    assert doc["roofline"]["ar_decode_tokens_per_second"] > 0 and doc["costs"]["c"] > 0
+    assert doc["syncs"]["engine_counted_syncs_per_step"] == 1.0, "the vectorised step has exactly one sync"
+    assert doc["predicted"]["0.8"][2]["speedup"] == pytest.approx(expected_speedup(0.8, 2, doc["costs"]["c"]))
+    assert "synthetic" in bench.format_synthetic(doc)
+
+
+def test_random_model_on_the_device_has_real_weights_and_rope_tables():
+    cfg = ModelConfig(vocab_size=64, dim=32, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=16,
+                      intermediate_size=64, max_seq_len=64)
+    m = bench.random_model(cfg, "cpu", torch.float32, seed=0)
+    assert m.layers[0].attn_norm.weight.eq(1).all() and m.head.weight.std() == pytest.approx(0.02, rel=0.2)
+    assert m.rope_cos[0].eq(1).all(), "to_empty leaves the rope buffers as garbage unless they are rebuilt"
+    assert torch.isfinite(m(torch.tensor([[1, 2, 3]]))).all()
+
+
+# ----------------------------------------------------------------------------- the smoke run
+
+
+@pytest.fixture(scope="module")
+def stand_in_draft_dir(default_target, tmp_path_factory):
+    """A 1-layer random draft with the target's vocabulary, saved as the shipped draft is (float16)."""
+    from specdec_lab.distill import draft_config, save_draft
+    from specdec_lab.model import Transformer, init_weights
+    out = tmp_path_factory.mktemp("draft")
+    return save_draft(init_weights(Transformer(draft_config(default_target.cfg, n_layers=1))), out)
+
+
+@pytest.fixture(scope="module")
+def quick_doc(default_target, hf_target, stand_in_draft_dir):
+    from specdec_lab.weights import load_hf_causal_lm
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        draft = bench.load_draft(stand_in_draft_dir)
+        cfg = bench.BenchConfig(num_prompts=2, max_new_tokens=8, temperatures=(0.0, 0.7), ks=(2,),
+                                cost_reps=3, warmup_tokens=2, quick=True)
+        return bench.run_bench(default_target, draft, cfg, hf_target, load_hf_causal_lm(stand_in_draft_dir))
+    finally:
+        torch.set_num_threads(threads)
+
+
+EXPECTED = ["ar", "spec_k2", "spec_adaptive", "hf_generate", "hf_assisted"]
+
+
+@pytest.mark.slow
+def test_quick_bench_runs_every_system_with_positive_tokens_per_second(quick_doc):
+    doc = json.loads(json.dumps(quick_doc))  # what the CLI prints must round-trip
+    assert [r["temperature"] for r in doc["results"]] == [0.0, 0.7]
+    for r in doc["results"]:
+        assert list(r["systems"]) == EXPECTED
+        for name, s in r["systems"].items():
+            assert s["tokens_per_second"] > 0 and s["calls"] == 2, f"{name} at T={r['temperature']}"
+
+
+@pytest.mark.slow
+def test_ratios_are_the_quotients_of_the_tokens_per_second_figures(quick_doc):
+    for r in quick_doc["results"]:
+        sy = r["systems"]
+        for s in sy.values():
+            assert s["tokens_per_second"] == pytest.approx(s["tokens"] / s["seconds"])
+            assert s["vs_ar"] == pytest.approx(s["tokens_per_second"] / sy["ar"]["tokens_per_second"])
+            assert s["vs_hf_generate"] == pytest.approx(s["tokens_per_second"] / sy["hf_generate"]["tokens_per_second"])
+            assert s["vs_hf_assisted"] == pytest.approx(s["tokens_per_second"] / sy["hf_assisted"]["tokens_per_second"])
+
+
+@pytest.mark.slow
+def test_predicted_speedup_is_theorem_3_8_from_the_measured_alpha_and_c(quick_doc):
+    c = quick_doc["costs"]["c"]
+    assert c == pytest.approx(quick_doc["costs"]["draft_forward_seconds"] / quick_doc["costs"]["target_forward_seconds"])
+    for r in quick_doc["results"]:
+        s = r["systems"]["spec_k2"]
+        assert 0.0 <= r["alpha"] <= 1.0 and r["alpha_positions"] > 0
+        assert s["predicted_speedup"] == pytest.approx(expected_speedup(r["alpha"], 2, c))
+        assert s["measured_speedup"] == s["vs_ar"]
+        assert s["prediction_error"] == pytest.approx(s["measured_speedup"] / s["predicted_speedup"] - 1)
+        assert s["mean_tokens_per_step"] >= 1.0 and s["syncs_per_step"] == 1.0
+
+
+@pytest.mark.slow
+def test_greedy_speculative_and_transformers_reproduce_greedy_decoding(quick_doc):
+    sy = quick_doc["results"][0]["systems"]
+    for name in EXPECTED:
+        assert sy[name]["same_output_as_ar"] == 1.0, f"{name} at temperature 0 differs from greedy decoding"
+
+
+@pytest.mark.slow
+def test_roofline_fraction_uses_the_ar_decode_rate_and_the_measured_bandwidth(quick_doc, default_target):
+    rf = quick_doc["roofline"]
+    assert rf["weight_bytes"] == default_target.cfg.num_params * 4  # float32, tied embeddings
+    assert rf["bandwidth_bytes_per_s"] > 1e8 and 0 < rf["fraction_of_bandwidth"] < 5
+    assert rf["fraction_of_bandwidth"] == pytest.approx(
+        rf["bytes_per_token"] * rf["ar_decode_tokens_per_second"] / rf["bandwidth_bytes_per_s"])
+    table = bench.format_table(quick_doc)
+    assert "roofline" in table and "transformers assisted" in table
+
+
+@pytest.mark.slow
+def test_cli_prints_a_table_then_one_json_document_as_the_last_line(stand_in_draft_dir):
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, "-m", "specdec_lab", "bench", "--quick", "--no-hf", "--prompts", "1",
+                           "--max-new-tokens", "4", "--ks", "2", "--temperatures", "0", "--threads", "1",
+                           "--draft-dir", str(stand_in_draft_dir)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stdout.strip().splitlines()
+    doc = json.loads(lines[-1])
+    assert len(lines) > 5 and "speculative, K=2" in proc.stdout, "the table should come before the JSON"
+    assert list(doc["results"][0]["systems"]) == ["ar", "spec_k2", "spec_adaptive"]
+    assert math.isfinite(doc["roofline"]["fraction_of_bandwidth"])
+
+
+def test_cli_refuses_synthetic_on_cpu_with_exit_code_2():
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, "-m", "specdec_lab", "bench", "--synthetic", "llama3-8b", "--threads", "1"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "GPU-only" in proc.stderr and "Traceback" not in proc.stderr
