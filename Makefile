@@ -17,6 +17,7 @@ $(STAMP): pyproject.toml
 
 model: $(STAMP)
 	$(PY) -m specdec_lab fetch
+	-bash scripts/install_browser.sh
 
 lab: setup
 	$(VENV)/bin/jupyter lab notebooks/

@@ -108,20 +108,31 @@ class Clock:
         return time.perf_counter()
 
 
-@torch.no_grad()
+class BandwidthProbe:
+    """Memory read bandwidth (bytes/s): each call takes the best of `reps` sums over a float32
+    buffer much larger than the caches (256 MiB on CPU, 2 GiB on CUDA). The bench calls it
+    between prompts, so the roofline's denominator sees the machine as the decode saw it."""
+
+    def __init__(self, device="cpu", nbytes=None, reps=3):
+        device = torch.device(device)
+        nbytes = nbytes or (2 << 30 if device.type == "cuda" else 256 << 20)
+        self.x = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
+        self.clock, self.reps, self.samples = Clock(device), reps, []
+        self.x.sum()  # warm-up: page faults, thread pool
+
+    @torch.no_grad()
+    def __call__(self) -> float:
+        best = math.inf
+        for _ in range(self.reps):
+            t0 = self.clock()
+            self.x.sum()
+            best = min(best, self.clock() - t0)
+        self.samples.append(self.x.numel() * 4 / best)
+        return self.samples[-1]
+
+
 def measure_read_bandwidth(device="cpu", nbytes=None, reps=5) -> float:
-    """This machine's memory read bandwidth in bytes/s: the best of `reps` sums over a
-    float32 buffer much larger than the caches (256 MiB on CPU, 2 GiB on CUDA)."""
-    device = torch.device(device)
-    nbytes = nbytes or (2 << 30 if device.type == "cuda" else 256 << 20)
-    x = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
-    clock, best = Clock(device), math.inf
-    x.sum()  # warm-up: page faults, thread pool
-    for _ in range(reps):
-        t0 = clock()
-        x.sum()
-        best = min(best, clock() - t0)
-    return x.numel() * 4 / best
+    return BandwidthProbe(device, nbytes, reps)()
 
 
 def machine_bandwidth(device="cpu", quick=False) -> tuple[float, str]:
@@ -319,8 +330,9 @@ def _timed(system, ids, n, temperature, seed, clock):
     return tokens, res, clock() - t0
 
 
-def run_systems(systems, prompt_ids, cfg, temperature, clock, log=None) -> dict:
-    """name -> Tally: a warm-up call of each system, then prompt-major timed calls."""
+def run_systems(systems, prompt_ids, cfg, temperature, clock, log=None, probe=None) -> dict:
+    """name -> Tally: a warm-up call of each system, then prompt-major timed calls;
+    `probe()` (a BandwidthProbe) runs after each prompt's round."""
     for s in systems:
         s.run(prompt_ids[0], min(cfg.warmup_tokens, cfg.max_new_tokens), temperature, cfg.seed)
     tallies = {s.name: Tally() for s in systems}
@@ -329,6 +341,8 @@ def run_systems(systems, prompt_ids, cfg, temperature, clock, log=None) -> dict:
         for s in order:
             tokens, res, dt = _timed(s, ids, cfg.max_new_tokens, temperature, cfg.seed + i, clock)
             tallies[s.name].add(ids, tokens, dt, res.stats if res else None, res.steps if res else ())
+        if probe is not None:
+            probe()
         if log:
             log(f"temperature {temperature:g}: prompt {i + 1}/{len(prompt_ids)} done")
     return tallies
@@ -375,8 +389,10 @@ def summarize_system(s: System, t: Tally, tallies: dict, alpha: float, costs: St
     return out
 
 
-def roofline_report(target, ar: Tally, prompt_ids, bandwidth: float, source: str) -> dict:
-    """The AR decode against the memory wall: bytes it read per token, and the share of bandwidth."""
+def roofline_report(target, ar: Tally, prompt_ids, bandwidth: float, source: str, samples=()) -> dict:
+    """The AR decode against the memory wall: bytes it read per token, and the share of bandwidth.
+    With `samples` (bandwidth measured between prompts) their median is the denominator."""
+    at_start, bandwidth = bandwidth, statistics.median(samples) if samples else bandwidth
     nbytes = target.dtype.itemsize
     weights = streamed_weight_bytes(target.cfg, nbytes)
     # Decode step j of a call reads P + j cached positions; sum over the whole run.
@@ -385,20 +401,23 @@ def roofline_report(target, ar: Tally, prompt_ids, bandwidth: float, source: str
     tokens = max(ar.tokens, 1)
     per_token = weights + kv / tokens
     tps = ar.tokens / ar.decode_seconds if ar.decode_seconds else 0.0
-    return {"bandwidth_bytes_per_s": bandwidth, "bandwidth_source": source, "weight_bytes": weights,
+    return {"bandwidth_bytes_per_s": bandwidth, "bandwidth_at_start": at_start, "bandwidth_source": source,
+            "bandwidth_samples": {"n": len(samples), "min": min(samples, default=None),
+                                  "max": max(samples, default=None)},
+            "weight_bytes": weights,
             "kv_bytes_per_token": kv / tokens, "bytes_per_token": per_token,
             "ar_decode_tokens_per_second": tps, "achieved_bytes_per_s": per_token * tps,
             "fraction_of_bandwidth": roofline_fraction(per_token, tps, bandwidth),
             "ceiling_tokens_per_second": bandwidth / per_token}
 
 
-def _targets(results) -> dict:
+def _targets(results, roofline) -> dict:
     """DESIGN.md section 8's figures, each with its target and whether this run met it."""
     out = {}
 
-    def put(name, value, target, lower=True):
+    def put(name, value, target, at_least=True):
         out[name] = {"value": value, "target": target,
-                     "met": None if value is None else (value >= target if lower else value <= target)}
+                     "met": None if value is None else (value >= target if at_least else value <= target)}
 
     for r in results:
         sy = r["systems"]
@@ -407,14 +426,15 @@ def _targets(results) -> dict:
             continue
         best = max(spec, key=lambda n: sy[n]["tokens_per_second"])
         tag = f"t{r['temperature']:g}"
-        put(f"{tag}_best_speculative_vs_ar", sy[best]["vs_ar"], 2.0 if r["temperature"] == 0 else 1.5)
         out[f"{tag}_best_speculative"] = best
+        put(f"{tag}_best_speculative_vs_ar", sy[best]["vs_ar"], 2.0 if r["temperature"] == 0 else 1.5)
         if "hf_assisted" in sy:
             put(f"{tag}_best_speculative_vs_hf_assisted", sy[best]["vs_hf_assisted"], 1.5)
         if "hf_generate" in sy:
             put(f"{tag}_ar_vs_hf_generate", sy["ar"]["vs_hf_generate"], 1.5)
         err = sy[best].get("prediction_error")
-        put(f"{tag}_best_speculative_prediction_error", abs(err) if err is not None else None, 0.15, lower=False)
+        put(f"{tag}_best_speculative_prediction_error", abs(err) if err is not None else None, 0.15, at_least=False)
+    put("ar_fraction_of_bandwidth", roofline["fraction_of_bandwidth"], 0.6)
     return out
 
 
@@ -427,6 +447,7 @@ def run_bench(target, draft, cfg: BenchConfig, hf_target=None, hf_draft=None, lo
     if log:
         log("measuring memory bandwidth and step costs ...")
     bandwidth, source = machine_bandwidth(device, cfg.quick)
+    probe = BandwidthProbe(device)
     context = int(statistics.mean(len(p) for p in prompt_ids) + cfg.max_new_tokens / 2)
     costs = measure_step_costs(target, draft, sorted(cfg.ks), context, cfg.cost_reps)
     fixed_c = costs.c if device.type == "cuda" else None  # host clocks misplace GPU time (adaptive.py)
@@ -434,7 +455,7 @@ def run_bench(target, draft, cfg: BenchConfig, hf_target=None, hf_draft=None, lo
                            hf_draft if cfg.hf else None, fixed_c)
     results, ar_all = [], Tally()
     for temperature in cfg.temperatures:
-        tallies = run_systems(systems, prompt_ids, cfg, temperature, clock, log)
+        tallies = run_systems(systems, prompt_ids, cfg, temperature, clock, log, probe)
         ar = tallies["ar"]
         alpha, positions = teacher_forced_alpha(target, draft, list(zip(prompt_ids, ar.outputs)), temperature)
         sy = {s.name: summarize_system(s, tallies[s.name], tallies, alpha, costs, cfg.ks) for s in systems}
@@ -445,6 +466,8 @@ def run_bench(target, draft, cfg: BenchConfig, hf_target=None, hf_draft=None, lo
         for f in ("tokens", "decode_seconds"):
             setattr(ar_all, f, getattr(ar_all, f) + getattr(ar, f))
         ar_all.outputs += ar.outputs
+    rf = roofline_report(target, ar_all, prompt_ids, bandwidth, source, probe.samples)
+    del probe
     return {
         "config": asdict(cfg),
         "machine": {"device": str(device), "device_name": _device_name(device),
@@ -453,9 +476,9 @@ def run_bench(target, draft, cfg: BenchConfig, hf_target=None, hf_draft=None, lo
         "costs": {"context": costs.context, "target_forward_seconds": costs.target_forward,
                   "draft_forward_seconds": costs.draft_forward, "c": costs.c,
                   "verify_seconds": costs.verify, "verify_cost": {k: costs.verify_cost(k) for k in costs.verify}},
-        "roofline": roofline_report(target, ar_all, prompt_ids, bandwidth, source),
+        "roofline": rf,
         "results": results,
-        "targets": _targets(results),
+        "targets": _targets(results, rf),
     }
 
 
@@ -483,8 +506,9 @@ def _f(x, spec):
 
 def format_table(doc) -> str:
     m, c, rf = doc["machine"], doc["costs"], doc["roofline"]
-    rows = [f"{m['device_name']}, {m['threads']} threads, {m['dtype']}; target {doc['models']['target']['params'] / 1e6:.0f}M "
-            f"params, draft {doc['models']['draft']['params'] / 1e6:.1f}M; {doc['config']['num_prompts']} prompts, "
+    mt, md = doc["models"]["target"], doc["models"]["draft"]
+    rows = [f"{m['device_name']}, {m['threads']} threads, {m['dtype']}; target {mt['params'] / 1e6:.0f}M "
+            f"params, draft {md['params'] / 1e6:.1f}M; {doc['config']['num_prompts']} prompts, "
             f"up to {doc['config']['max_new_tokens']} new tokens each",
             f"step costs at {c['context']} cached tokens: target {c['target_forward_seconds'] * 1e3:.2f} ms, "
             f"draft {c['draft_forward_seconds'] * 1e3:.2f} ms, c = {c['c']:.3f}; verify K+1 over 1 token: "
@@ -496,18 +520,28 @@ def format_table(doc) -> str:
                      f"{r['alpha_positions']} positions)", head]
         for s in r["systems"].values():
             rows.append(f"{s['label']:30s} {s['tokens_per_second']:7.1f} {_f(s['vs_ar'], '6.2f')} "
-                        f"{_f(s['vs_hf_generate'], '6.2f')} {_f(s['vs_hf_assisted'], '7.2f')} {_f(s.get('mean_k'), '4.1f')} "
+                        f"{_f(s['vs_hf_generate'], '6.2f')} {_f(s['vs_hf_assisted'], '7.2f')} "
+                        f"{_f(s.get('mean_k'), '4.1f')} "
                         f"{_f(s.get('alpha'), '6.3f')} {_f(s.get('mean_tokens_per_step'), '8.2f')} "
                         f"{_f(s.get('c'), '6.3f')} {_f(s.get('predicted_speedup'), '5.2f')} "
                         f"{_f(s.get('predicted_speedup_with_verify_cost'), '6.2f')} "
                         f"{_f(s.get('measured_speedup'), '5.2f')}")
-    rows += ["", f"roofline: memory read bandwidth {rf['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s "
-                 f"({rf['bandwidth_source']}); AR decode reads {rf['bytes_per_token'] / 1e6:.0f} MB/token "
+    bw = rf["bandwidth_samples"]
+    spread = f"{bw['min'] / 1e9:.1f}-{bw['max'] / 1e9:.1f}" if bw["n"] else "-"
+    rows += ["", f"roofline: memory read bandwidth {rf['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s (median of "
+                 f"{bw['n']} samples between prompts, {spread}; {rf['bandwidth_at_start'] / 1e9:.1f} at the start "
+                 f"by {rf['bandwidth_source']});\n  AR decode reads {rf['bytes_per_token'] / 1e6:.0f} MB/token "
                  f"at {rf['ar_decode_tokens_per_second']:.1f} tokens/s = {rf['achieved_bytes_per_s'] / 1e9:.1f} GB/s, "
-                 f"{100 * rf['fraction_of_bandwidth']:.0f}% of it (ceiling {rf['ceiling_tokens_per_second']:.0f} tokens/s)"]
-    rows.append("targets (DESIGN.md section 8): " + "; ".join(
-        f"{n} {_f(v['value'], '.2f')} ({'met' if v['met'] else 'NOT met'}, target {v['target']})"
-        for n, v in doc["targets"].items() if isinstance(v, dict)))
+                 f"{100 * rf['fraction_of_bandwidth']:.0f}% of it "
+                 f"(ceiling {rf['ceiling_tokens_per_second']:.0f} tokens/s)"]
+    rows.append("targets (DESIGN.md section 8; the best speculative system per temperature):")
+    for n, v in doc["targets"].items():
+        if isinstance(v, dict):
+            rel = "<=" if n.endswith("prediction_error") else ">="
+            rows.append(f"  {n:45s} {_f(v['value'], '6.2f')}  target {rel} {v['target']:<5}"
+                        f"{'met' if v['met'] else 'NOT met'}")
+        else:
+            rows.append(f"  {n:45s} {v}")
     rows.append("pred: Theorem 3.8 of arXiv 2211.17192 from alpha and c; pred+v: with the measured cost of "
                 "verifying K+1 tokens; meas: measured speedup over this engine's autoregressive decode")
     return "\n".join(rows)
@@ -605,7 +639,8 @@ def run_synthetic(preset, device="cuda", dtype=torch.bfloat16, ks=tuple(range(1,
                               for k in ks} for a in alphas}
     return {
         "synthetic": preset if isinstance(preset, str) else "custom",
-        "machine": {"device": str(device), "device_name": _device_name(device), "dtype": str(dtype).replace("torch.", "")},
+        "machine": {"device": str(device), "device_name": _device_name(device),
+                    "dtype": str(dtype).replace("torch.", "")},
         "models": {"target": _model_info(target), "draft": _model_info(draft)},
         "costs": {"context": costs.context, "target_forward_seconds": costs.target_forward,
                   "draft_forward_seconds": costs.draft_forward, "c": costs.c, "verify_seconds": costs.verify,
@@ -623,7 +658,8 @@ def format_synthetic(doc) -> str:
             f"step costs at {c['context']} cached tokens: target {c['target_forward_seconds'] * 1e3:.2f} ms, "
             f"draft {c['draft_forward_seconds'] * 1e3:.2f} ms, c = {c['c']:.3f}",
             "verify K+1 tokens over 1: " + " ".join(f"K{k}:{v:.2f}" for k, v in c["verify_cost"].items()),
-            f"AR decode {rf['ar_decode_tokens_per_second']:.1f} tokens/s x {rf['bytes_per_token'] / 1e9:.2f} GB/token = "
+            f"AR decode {rf['ar_decode_tokens_per_second']:.1f} tokens/s x "
+            f"{rf['bytes_per_token'] / 1e9:.2f} GB/token = "
             f"{rf['achieved_bytes_per_s'] / 1e9:.0f} GB/s, {100 * rf['fraction_of_bandwidth']:.0f}% of the measured "
             f"{rf['bandwidth_bytes_per_s'] / 1e9:.0f} GB/s",
             f"host syncs per speculative step (K={doc['syncs']['k']}): engine counts "
@@ -703,9 +739,13 @@ def load_systems_models(args, device, dtype, with_hf, log):
         raise ValueError(f"the shipped draft is missing from {default_draft_dir()}; pass --draft-dir FOLDER")
     log(f"loading target {target_src} and draft {draft_src} ...")
     target = load_model_cached(target_src, device, dtype)
-    draft = load_draft(draft_src, device, dtype) if _is_hf_folder(draft_src) else load_model_cached(draft_src, device, dtype)
+    if _is_hf_folder(draft_src):
+        draft = load_draft(draft_src, device, dtype)
+    else:
+        draft = load_model_cached(draft_src, device, dtype)
     if draft.cfg.vocab_size != target.cfg.vocab_size:
-        raise ValueError(f"draft vocabulary ({draft.cfg.vocab_size}) differs from the target's ({target.cfg.vocab_size})")
+        raise ValueError(f"draft vocabulary ({draft.cfg.vocab_size}) differs from the target's "
+                         f"({target.cfg.vocab_size}); the draft must share the target's tokenizer")
     hf_target = hf_draft = None
     if with_hf:
         from .weights import load_hf_causal_lm, load_hf_model

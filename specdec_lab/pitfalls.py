@@ -60,13 +60,12 @@ class GreedyDraftSampledQ(ModelDrafter):
 class SeedDraftCache(ModelDrafter):
     """The seed article's draft-cache rollback: keep `num_accepted` of the k entries this step
     appended, and feed only the next token. `seen` tracks the token ids the draft's cache
-    really holds, `missing` how many committed tokens it lacks after each step."""
+    really holds, `committed` the ones it should hold (both without the pending token)."""
 
     def reset(self):
         super().reset()
         self.seen = []  # token ids whose keys/values are in the draft's cache, in order
         self.committed = []  # what the target committed: prompt[:-1] at first, then each step's tokens
-        self.missing = []  # per step: len(committed) - len(seen), the tokens the draft never saw
 
     def prefill(self, prompt_ids):
         super().prefill(prompt_ids)
@@ -85,7 +84,14 @@ class SeedDraftCache(ModelDrafter):
         self.cache.rollback(keep)
         self.seen = self.seen[:start] + fed[:keep - start]
         self.pending = [next_token]
-        self.missing.append(len(self.committed) - len(self.seen))
+
+
+def draft_lag(engine) -> int:
+    """Committed tokens that the engine's model drafter has neither in its cache nor pending.
+    The target's cache holds every committed token but the newest, so a correct drafter
+    satisfies draft cache length + pending == target cache length + 1, and this is 0."""
+    drafter = engine.drafter
+    return engine.cache.length + 1 - drafter.cache.length - len(drafter.pending)
 
 
 class SeedRollbackCache(KVCache):

@@ -13,6 +13,7 @@ from .roofline import attainable_flops, expected_speedup
 
 COLORS = {"contiguous": "#d62728", "paged": "#1f77b4"}
 GOOD, BAD, NEUTRAL = "#2ca02c", "#d62728", "#7f7f7f"
+WHITE, BLUE = "#f7f7f7", "#08519c"
 PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf"]
 
 
@@ -98,7 +99,15 @@ def speedup_heatmap(alphas, ks, c) -> go.Figure:
     with the best K for each alpha marked and the break-even contour at 1."""
     z = [[expected_speedup(a, k, c) for a in alphas] for k in ks]
     best = [max(ks, key=lambda k: expected_speedup(a, k, c)) for a in alphas]
-    fig = go.Figure(go.Heatmap(x=alphas, y=ks, z=z, colorscale="RdBu", zmid=1.0,
+    lo, hi = min(map(min, z)), max(map(max, z))
+    white_at = (1.0 - lo) / (hi - lo) if hi > lo else 0.5  # where speedup 1 falls on the colour scale
+    if white_at <= 0:
+        scale = [[0.0, WHITE], [1.0, BLUE]]  # a speedup everywhere
+    elif white_at >= 1:
+        scale = [[0.0, BAD], [1.0, WHITE]]  # a slowdown everywhere
+    else:
+        scale = [[0.0, BAD], [white_at, WHITE], [1.0, BLUE]]
+    fig = go.Figure(go.Heatmap(x=alphas, y=ks, z=z, colorscale=scale, zmin=lo, zmax=hi,
                                colorbar=dict(title="speedup"),
                                hovertemplate="alpha %{x:.2f}, K %{y}: %{z:.2f}x<extra></extra>"))
     fig.add_trace(go.Contour(x=alphas, y=ks, z=z, contours=dict(start=1, end=1, coloring="none",
@@ -107,8 +116,9 @@ def speedup_heatmap(alphas, ks, c) -> go.Figure:
                              hoverinfo="skip"))
     fig.add_trace(go.Scatter(x=alphas, y=best, mode="lines+markers", name="best K",
                              line=dict(color="black"), marker=dict(size=5)))
-    fig.update_layout(title=f"Expected speedup over alpha and K, c = {c}", height=460,
-                      xaxis_title="acceptance rate alpha", yaxis_title="draft length K")
+    fig.update_layout(title=f"Expected speedup over alpha and K, c = {c}", height=480,
+                      xaxis_title="acceptance rate alpha", yaxis_title="draft length K",
+                      legend=dict(orientation="h", x=0, y=1.02, yanchor="bottom"))
     return fig
 
 

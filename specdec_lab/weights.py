@@ -200,8 +200,9 @@ def load_hf_causal_lm(source, device="cpu", dtype=torch.float32):
 @torch.no_grad()
 def hf_generate(hf_model, ids, max_new_tokens, assistant=None, temperature=0.0, seed=0, eos_token_ids=()):
     """New token ids from transformers' `generate` (batch 1), or its assisted generation with
-    `assistant` (`assistant_model=`, transformers' default draft-length schedule).
-    Greedy at temperature 0; otherwise plain sampling (top-k and top-p off), seeded."""
+    `assistant` (`assistant_model=`) at transformers' defaults: up to 20 draft tokens per
+    step, cut short when the assistant's confidence falls below an adaptive threshold
+    (0.4 at first). Greedy at temperature 0; otherwise plain sampling (top-k, top-p off), seeded."""
     device = hf_model.device
     x = torch.tensor([list(ids)], device=device)  # (1, T)
     eos = list(eos_token_ids) or None

@@ -24,6 +24,7 @@ Timing: tokens/s divides the tokens by the decode seconds the engine measured
 not charged to speculative decoding; the baseline is timed the same way.
 """
 import html
+import math
 import time
 
 import ipywidgets as W
@@ -117,15 +118,24 @@ def token_span(fate, token, info, greedy, decode) -> str:
 
 
 def step_chart() -> go.FigureWidget:
-    """Per-step bars: K drafted (grey) with the accepted count drawn over it (green)."""
+    """Per-step stacked bars, K high in all: accepted (green) under drafted but not accepted (grey)."""
     fig = go.FigureWidget(layout=go.Layout(
-        barmode="overlay", height=240, margin=dict(l=40, r=10, t=30, b=35),
+        barmode="stack", height=240, margin=dict(l=40, r=10, t=30, b=35),
         title=dict(text="accepted out of K, per step", font=dict(size=13)),
-        xaxis=dict(title="step"), yaxis=dict(title="tokens", rangemode="tozero", dtick=1),
+        xaxis=dict(title="step", dtick=1), yaxis=dict(title="draft tokens", rangemode="tozero", dtick=1),
         legend=dict(orientation="h", x=1, xanchor="right", y=1.15)))
-    fig.add_bar(x=[], y=[], name="drafted (K)", marker_color="#d0d0d0")
     fig.add_bar(x=[], y=[], name="accepted", marker_color="#3aa845")
+    fig.add_bar(x=[], y=[], name="rejected or discarded", marker_color="#d0d0d0")
     return fig
+
+
+def update_chart(fig, steps):
+    """Redraw the chart from StepRecords: bar heights num_accepted and k - num_accepted."""
+    x = [r.step for r in steps]
+    with fig.batch_update():
+        fig.data[0].x, fig.data[0].y = x, [r.num_accepted for r in steps]
+        fig.data[1].x, fig.data[1].y = x, [r.k - r.num_accepted for r in steps]
+        fig.layout.xaxis.dtick = max(1, math.ceil(len(steps) / 25))  # whole steps, at most ~25 ticks
 
 
 def figures_html(figs: dict, run: int, state: str, k: int) -> str:
@@ -176,6 +186,7 @@ class DemoPanel:
         self.pair_loader, self.max_seq_len, self.redraw_seconds = pair_loader, max_seq_len, redraw_seconds
         self.pairs = {"default": pair}
         self._engines, self._decoded = {}, {}
+        self._steps, self._spans, self._tokenizer = [], [], pair.tokenizer  # what the strip shows
         self.result = self.baseline_result = None
         self.figure_values, self.runs = {}, 0
         self._build()
@@ -196,11 +207,11 @@ class DemoPanel:
         self.baseline = W.Checkbox(False, description="also run the autoregressive baseline", indent=False)
         self.run_button = W.Button(description="Run", button_style="primary", icon="play")
         self.run_button.on_click(lambda _: self.run())
-        self.hub_target = W.Text(placeholder="HuggingFaceTB/SmolLM2-1.7B-Instruct", description="hub target",
-                                 style=style, disabled=not self.hub_enabled)
-        self.hub_draft = W.Text(placeholder="HuggingFaceTB/SmolLM2-135M-Instruct", description="hub draft",
-                                style=style, disabled=not self.hub_enabled)
-        self.load_button = W.Button(description="Load pair", icon="download", disabled=not self.hub_enabled)
+        hub = dict(style=style, disabled=not self.hub_enabled, layout=W.Layout(width="380px"))
+        self.hub_target = W.Text(placeholder="HuggingFaceTB/SmolLM2-1.7B-Instruct", description="hub target", **hub)
+        self.hub_draft = W.Text(placeholder="HuggingFaceTB/SmolLM2-135M-Instruct", description="hub draft", **hub)
+        self.load_button = W.Button(description="Load pair", icon="download", disabled=not self.hub_enabled,
+                                    layout=W.Layout(width="120px"))
         self.load_button.on_click(lambda _: self.load_hub_pair())
         hub_note = ("Two Llama-family models that share a tokenizer, by hub id or local folder."
                     if self.hub_enabled else "Hub pairs load on CUDA only: this kernel has no GPU, so only "
@@ -217,7 +228,7 @@ class DemoPanel:
             W.HTML("<b>Speculative decoding, step by step</b>"), self.prompt,
             W.HBox([self.k, self.temperature, self.top_p, self.max_new_tokens]),
             W.HBox([self.drafter, self.pair, self.seed, self.baseline, self.run_button]),
-            W.HBox([self.hub_target, self.hub_draft, self.load_button, W.HTML(f"<i>{hub_note}</i>")]),
+            W.HBox([self.hub_target, self.hub_draft, self.load_button]), W.HTML(f"<i>{hub_note}</i>"),
             self.error, self.status, self.figures, W.HTML(legend_html()), self.strip, self.chart])
         self.widget.add_class("sdl-panel")
 
@@ -241,7 +252,8 @@ class DemoPanel:
         """Load the pair named in hub_target / hub_draft and select it; errors go to the panel."""
         self.error.value = ""
         if not self.hub_enabled:
-            self._show_error("Hub pairs load on CUDA only, and this kernel has no GPU; use the default pair.")
+            self._show_error(f"Hub pairs load on CUDA only, and this panel runs on {self.device}; "
+                             "use the default pair.")
             return None
         names = self.hub_target.value.strip(), self.hub_draft.value.strip()
         if not all(names):
@@ -312,10 +324,7 @@ class DemoPanel:
     def _redraw(self, state):
         steps = self._steps
         self.strip.value = f'{STYLE}<div class="sdl-strip">{"".join(self._spans)}</div>'
-        with self.chart.batch_update():
-            x = [r.step for r in steps]
-            self.chart.data[0].x, self.chart.data[0].y = x, [r.k for r in steps]
-            self.chart.data[1].x, self.chart.data[1].y = x, [r.num_accepted for r in steps]
+        update_chart(self.chart, steps)
         self.figure_values = self._figures()
         self.figures.value = figures_html(self.figure_values, self.runs, state, self.k.value)
         if state == "running":
@@ -354,7 +363,7 @@ class DemoPanel:
     def fate_counts(self) -> dict:
         """How many tokens of each fate the last run's strip shows."""
         counts = dict.fromkeys(FATES, 0)
-        for rec in self._steps if hasattr(self, "_steps") else []:
+        for rec in self._steps:
             for fate, _, _ in token_fates(rec):
                 counts[fate] += 1
         return counts

@@ -165,7 +165,8 @@ def test_ratios_are_the_quotients_of_the_tokens_per_second_figures(quick_doc):
 @pytest.mark.slow
 def test_predicted_speedup_is_theorem_3_8_from_the_measured_alpha_and_c(quick_doc):
     c = quick_doc["costs"]["c"]
-    assert c == pytest.approx(quick_doc["costs"]["draft_forward_seconds"] / quick_doc["costs"]["target_forward_seconds"])
+    costs = quick_doc["costs"]
+    assert c == pytest.approx(costs["draft_forward_seconds"] / costs["target_forward_seconds"])
     for r in quick_doc["results"]:
         s = r["systems"]["spec_k2"]
         assert 0.0 <= r["alpha"] <= 1.0 and r["alpha_positions"] > 0
@@ -187,6 +188,7 @@ def test_roofline_fraction_uses_the_ar_decode_rate_and_the_measured_bandwidth(qu
     rf = quick_doc["roofline"]
     assert rf["weight_bytes"] == default_target.cfg.num_params * 4  # float32, tied embeddings
     assert rf["bandwidth_bytes_per_s"] > 1e8 and 0 < rf["fraction_of_bandwidth"] < 5
+    assert rf["bandwidth_samples"]["n"] == 2 * 2, "one bandwidth sample after each prompt's round, per temperature"
     assert rf["fraction_of_bandwidth"] == pytest.approx(
         rf["bytes_per_token"] * rf["ar_decode_tokens_per_second"] / rf["bandwidth_bytes_per_s"])
     table = bench.format_table(quick_doc)

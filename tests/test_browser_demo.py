@@ -21,6 +21,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from playwright.sync_api import sync_playwright
 
 pytestmark = pytest.mark.slow
 
@@ -100,23 +101,64 @@ def _stop(proc):
             proc.wait(timeout=15)
 
 
+def _remove_checkpoint(checkpoint):
+    checkpoint.unlink(missing_ok=True)
+    try:
+        checkpoint.parent.rmdir()  # only when empty: other notebooks' checkpoints stay
+    except OSError:
+        pass
+
+
 def _figures(page):
     """The state of the figure cards: data attributes and each card's value."""
     return page.evaluate("""sel => {
         const el = document.querySelector(sel);
         if (!el) return null;
         const values = {};
-        el.querySelectorAll('[data-figure]').forEach(c => values[c.dataset.figure] = c.querySelector('.sdl-value').textContent);
+        el.querySelectorAll('[data-figure]').forEach(
+            c => values[c.dataset.figure] = c.querySelector('.sdl-value').textContent);
         return {run: el.dataset.run, state: el.dataset.state, k: el.dataset.k, values};
     }""", FIGURES)
 
 
-def _drive_demo(page, url):
+def _kernel_idle_on_server(port, token, timeout=90):
+    """Wait until the server has the notebook's kernel running and idle."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/sessions?token={token}", timeout=5) as r:
+            sessions = json.load(r)
+        if any(s["path"].endswith(NOTEBOOK.name) and s["kernel"]["execution_state"] == "idle" for s in sessions):
+            return
+        time.sleep(0.5)
+    pytest.fail(f"the notebook's kernel was not idle within {timeout} s", pytrace=False)
+
+
+QUEUED = "() => [...document.querySelectorAll('.jp-InputPrompt')].some(e => e.textContent.includes('[*]'))"
+ACCEPT = ".jp-Dialog .jp-Dialog-button.jp-mod-accept"
+
+
+def _run_all_cells(page, attempts=4):
+    """Run > Run All Cells until cells are queued ([*]). A click made while the front end is still
+    connecting to the kernel runs nothing, or asks for a kernel (the dialog is accepted)."""
+    for _ in range(attempts):
+        page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=90_000)
+        page.click(".lm-MenuBar-itemLabel:text-is('Run')")
+        page.click(".lm-Menu-item:has(.lm-Menu-itemLabel:text-is('Run All Cells'))")
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if page.evaluate(QUEUED):
+                return
+            if page.locator(ACCEPT).count():
+                page.click(ACCEPT)
+            page.wait_for_timeout(200)
+    pytest.fail("JupyterLab queued no cell after Run All Cells", pytrace=False)
+
+
+def _drive_demo(page, url, port, token):
     page.goto(url)
     page.wait_for_selector(".jp-NotebookPanel .jp-Cell", timeout=90_000)
-    page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=90_000)
-    page.click(".lm-MenuBar-itemLabel:text-is('Run')")
-    page.click(".lm-Menu-item:has(.lm-Menu-itemLabel:text-is('Run All Cells'))")
+    _kernel_idle_on_server(port, token)
+    _run_all_cells(page)
     # The last cell runs the panel once from Python: run 1. Loading the pair takes a while on a CPU.
     page.wait_for_selector(f"{FIGURES}[data-run='1'][data-state='done']", timeout=240_000)
     page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=60_000)
@@ -144,12 +186,12 @@ def _drive_demo(page, url):
 
 def test_live_demo_runs_in_jupyterlab_and_shows_the_run(tmp_path):
     _ensure_chromium()
-    from playwright.sync_api import sync_playwright
-
     ARTIFACTS.mkdir(exist_ok=True)
     port, token = _free_port(), secrets.token_hex(16)
     log_path = ARTIFACTS / "jupyterlab.log"
     original = NOTEBOOK.read_bytes()
+    checkpoint = NOTEBOOK.parent / ".ipynb_checkpoints" / f"{NOTEBOOK.stem}-checkpoint.ipynb"
+    had_checkpoint = checkpoint.exists()  # the server makes one when the notebook opens
     with open(log_path, "w") as log:
         proc = _start_lab(tmp_path, port, token, log)
         try:
@@ -160,7 +202,7 @@ def test_live_demo_runs_in_jupyterlab_and_shows_the_run(tmp_path):
                     page = browser.new_page(viewport={"width": 1400, "height": 1600})
                     try:
                         before, after, seen = _drive_demo(
-                            page, f"http://127.0.0.1:{port}/lab/tree/{NOTEBOOK.name}?token={token}")
+                            page, f"http://127.0.0.1:{port}/lab/tree/{NOTEBOOK.name}?token={token}", port, token)
                         _check_page(page, before, after)
                         panel = page.locator(".sdl-panel")
                         panel.screenshot(path=str(ARTIFACTS / "demo.png"))
@@ -173,6 +215,8 @@ def test_live_demo_runs_in_jupyterlab_and_shows_the_run(tmp_path):
             _stop(proc)
             if NOTEBOOK.read_bytes() != original:  # nothing should save it; guard the repository anyway
                 NOTEBOOK.write_bytes(original)
+            if not had_checkpoint:
+                _remove_checkpoint(checkpoint)
     if os.environ.get("UPDATE_DOCS_SCREENSHOT") == "1":
         shutil.copyfile(ARTIFACTS / "demo.png", REPO / "docs" / "demo.png")
 
@@ -184,6 +228,8 @@ def _check_page(page, before, after):
     assert after["values"]["tokens_per_second"] != "-" and after["values"]["new_tokens"] not in ("-", "0")
     assert page.locator(".sdl-strip-widget .sdl-accepted").count() >= 1, "at least one accepted draft token"
     assert page.locator(STRIP_TOKENS).count() >= 2
-    bars = page.locator(".sdl-chart .barlayer .point")
-    assert bars.count() >= 2, "the per-step chart draws K and accepted bars"
+    hover = page.locator(".sdl-strip-widget .sdl-accepted").first.get_attribute("title")
+    assert hover.startswith("step ") and "p(d) = " in hover and "q(d) = " in hover, hover
+    accepted_bars = page.locator(".sdl-chart .barlayer .trace").first.locator(".point")
+    assert accepted_bars.count() == int(after["values"]["steps"]), "the chart draws one accepted bar per step"
     assert page.locator(".jp-OutputArea-output .sdl-error").count() == 0

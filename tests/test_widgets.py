@@ -49,9 +49,9 @@ def test_panel_streams_each_step_and_draws_what_the_engine_recorded(default_targ
     assert len(strips) == len(steps), "the strip must be redrawn from the on_step hook, once per step"
     for i, strip in enumerate(strips):
         assert f'data-step="{i}"' in strip and f'data-step="{i + 1}"' not in strip, "redraw i shows steps 0..i"
-    assert list(panel.chart.data[0].y) == [r.k for r in steps], "grey bars: K drafted per step"
-    assert list(panel.chart.data[1].y) == [r.num_accepted for r in steps], "green bars: accepted per step"
-    assert list(panel.chart.data[1].x) == [r.step for r in steps]
+    assert list(panel.chart.data[0].y) == [r.num_accepted for r in steps], "green bars: accepted per step"
+    assert list(panel.chart.data[1].y) == [r.k - r.num_accepted for r in steps], "grey bars: the rest of K"
+    assert list(panel.chart.data[0].x) == list(panel.chart.data[1].x) == [r.step for r in steps]
     classes = _classes_in_strip(panel.strip.value)
     assert classes == _expected_classes(steps)
     fates = {f for f, _ in classes}
@@ -84,7 +84,8 @@ def test_rejected_draft_tokens_are_struck_through_before_their_correction(defaul
     assert rec.num_accepted == 0
     assert "discarded after it" in panel.strip.value, "the rest of a rejected draft is listed in the hover"
     assert "rejected: u &gt;= min(1, p(d) / q(d))" in panel.strip.value
-    assert list(panel.chart.data[1].y) == [r.num_accepted for r in res.steps]
+    assert list(panel.chart.data[0].y) == [r.num_accepted for r in res.steps]
+    assert list(panel.chart.data[1].y) == [r.k - r.num_accepted for r in res.steps]
     assert panel.figure_values["acceptance_rate"] == pytest.approx(res.stats.acceptance_rate)
     assert panel.figure_values["speedup"] is None, "no baseline was run"
 
