@@ -22,9 +22,11 @@ model: $(STAMP)
 lab: setup
 	$(VENV)/bin/jupyter lab notebooks/
 
-# The library's tests, then every notebook executed and compared by nbval.
+# The library's tests, then every notebook executed and compared by nbval. One torch thread per
+# process: the browser test runs JupyterLab, a kernel and Chromium beside pytest on 2 cores, and
+# oversubscribed OpenMP threads slow torch down many times over.
 test: setup
-	$(PY) -m pytest -q tests notebooks --nbval --sanitize-with notebooks/sanitize.cfg
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q tests notebooks --nbval --sanitize-with notebooks/sanitize.cfg
 
 demo: setup
 	$(PY) -m specdec_lab generate --prompt "Why is the sky blue?" --k 4 --max-new-tokens 64

@@ -22,53 +22,7 @@ import math
 
 from .config import MAX_K
 from .metrics import MovingRatio, StepRecord
-
-
-def _check_alpha(alpha):
-    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0.0 <= alpha <= 1.0:
-        raise ValueError(f"alpha must be a number in [0, 1], got {alpha!r}")
-
-
-def _check_int(name, value, lo, hi=None):
-    if isinstance(value, bool) or not isinstance(value, int) or value < lo or (hi is not None and value > hi):
-        allowed = f"[{lo}, {hi}]" if hi is not None else f">= {lo}"
-        raise ValueError(f"{name} must be an int {allowed}, got {value!r}")
-
-
-def expected_tokens_per_step(alpha: float, k: int) -> float:
-    """E[tokens per step] with K drafts and i.i.d. acceptance alpha (arXiv 2211.17192, eq. 1).
-
-    (1 - alpha^(K+1)) / (1 - alpha) = 1 + alpha + ... + alpha^K: the accepted prefix
-    plus the one correction or bonus token. Summed as a series, so alpha = 1 gives
-    K + 1 and alpha = 0 gives 1 without dividing by zero.
-    """
-    _check_alpha(alpha)
-    _check_int("k", k, 0)
-    return math.fsum(alpha ** i for i in range(k + 1))
-
-
-def expected_speedup(alpha: float, k: int, c: float) -> float:
-    """Expected walltime improvement over autoregressive decoding (arXiv 2211.17192, Theorem 3.8).
-
-    One step costs K draft forwards (c each, relative to a target forward) plus one
-    target forward, and yields expected_tokens_per_step(alpha, K) tokens; the
-    baseline yields 1 token per target forward.
-    """
-    if isinstance(c, bool) or not isinstance(c, (int, float)) or not c >= 0 or math.isinf(c):
-        raise ValueError(f"c must be a finite number >= 0, got {c!r}")
-    return expected_tokens_per_step(alpha, k) / (k * c + 1.0)
-
-
-def optimal_k(alpha: float, c: float, k_min: int = 1, k_max: int = MAX_K) -> int:
-    """argmax over K in [k_min, k_max] of expected_speedup(alpha, K, c); ties go to the smaller K."""
-    _check_int("k_min", k_min, 0)
-    _check_int("k_max", k_max, k_min)
-    best_k, best = k_min, expected_speedup(alpha, k_min, c)
-    for k in range(k_min + 1, k_max + 1):
-        s = expected_speedup(alpha, k, c)
-        if s > best:
-            best_k, best = k, s
-    return best_k
+from .roofline import _check_int, expected_speedup, expected_tokens_per_step, optimal_k  # noqa: F401
 
 
 class _Controller:

@@ -1,9 +1,9 @@
 """Is a sampler distributed as the target? Exact enumeration against counts, with a chi-square test.
 
 Speculative sampling claims that its output has exactly the distribution of
-sampling from the target alone (arXiv 2211.17192, Theorem 3.5 / Appendix A.1;
-arXiv 2302.01318, Theorem 1). With a tiny vocabulary and a few new tokens that
-claim can be checked directly:
+sampling from the target alone (Leviathan et al., arXiv 2211.17192; Chen et al.,
+arXiv 2302.01318). With a tiny vocabulary and a few new tokens that claim can be
+checked directly:
 
 1. `exact_sequence_probs` enumerates P(x_1..x_n | prompt) of the target's own
    sampling: V^n sequences, one batched forward per generated position;

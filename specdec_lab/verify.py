@@ -63,8 +63,11 @@ def verify(draft_ids, p, q, u, e, greedy=False) -> torch.Tensor:
     n = accept.long().cumprod(0).sum().view(1)  # number accepted before the first rejection, (1,)
     if greedy:
         return torch.cat([n, best.index_select(0, n)])
-    # Row n of [q; 0]: the residual against a zero draft at n = K is p_{K+1} itself, the bonus.
-    q_row = torch.cat([q, q.new_zeros(1, q.shape[-1])]).index_select(0, n)[0]  # (V,)
+    # Row n of q, or zeros when n = K: the residual against a zero draft is p_{K+1} itself, the bonus.
+    if K == 0:
+        q_row = q.new_zeros(q.shape[-1])
+    else:
+        q_row = q.index_select(0, n.clamp(max=K - 1))[0] * (n < K)  # (V,), no copy of q
     p_row = p.index_select(0, n)[0]  # (V,)
     residual = torch.clamp(p_row - q_row, min=0.0)
     total = residual.sum()

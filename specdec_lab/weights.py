@@ -132,13 +132,15 @@ def load_tokenizer(source, gguf_file=None):
 
 
 def load_model(source, device="cpu", dtype=torch.float32):
-    """(Transformer, tokenizer) from a hub id, a local folder or a .gguf file."""
+    """(Transformer, tokenizer) from a hub id, a local folder or a .gguf file.
+    A local folder without tokenizer files (the shipped draft: it uses its target's) gives None."""
     path = Path(os.path.expanduser(str(source)))
     if _is_converted_folder(path):
         from safetensors.torch import load_file
         hf_cfg = json.loads((path / "config.json").read_text())
-        tok = load_tokenizer(path)
-        cfg = config_from_hf(hf_cfg, eos_ids=[tok.eos_token_id])
+        has_tok = (path / "tokenizer.json").exists() or (path / "tokenizer.model").exists()
+        tok = load_tokenizer(path) if has_tok else None
+        cfg = config_from_hf(hf_cfg, eos_ids=[tok.eos_token_id] if tok is not None else [])
         sd = load_file(str(path / "model.safetensors"))
         if cfg.tie_embeddings and "lm_head.weight" in sd:
             del sd["lm_head.weight"]
