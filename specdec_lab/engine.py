@@ -212,8 +212,11 @@ class SpeculativeEngine:
             p = logits_to_probs(logits, sampling.temperature, sampling.top_k, sampling.top_p)  # (K+1, V)
             q_full = q if q is not None else torch.zeros(k, V, device=device).scatter_(
                 1, draft_ids.view(k, 1), 1.0)  # a one-hot drafter
-        u = torch.rand(k, generator=g, device=device)
-        e = torch.empty(V, device=device).exponential_(generator=g)
+        if greedy:  # no randomness at temperature 0
+            u, e = torch.zeros(k, device=device), None
+        else:
+            u = torch.rand(k, generator=g, device=device)
+            e = torch.empty(V, device=device).exponential_(generator=g)
         loop_syncs = {"count": 0}
         if self.verifier == "reference":
             verdict = verify_reference(draft_ids, p, q_full, u, e, greedy=greedy, syncs=loop_syncs)

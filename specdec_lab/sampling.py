@@ -7,9 +7,12 @@ lossless with respect to *this* processed p (arXiv 2211.17192, section 2.3).
 Temperature 0 is greedy and takes its own path: the distribution is one-hot at
 the argmax, and nothing is divided by zero.
 
-Drawing: argmax(p / E) with E ~ Exponential(1) i.i.d. picks index i with
-probability p_i (the exponential race), stays on the device, and takes an
-explicit torch.Generator so seeded runs repeat.
+Drawing: inverse-CDF sampling, the first index whose cumulative probability
+exceeds u * total with u ~ Uniform[0, 1). It stays on the device (searchsorted,
+no .item()), draws one uniform per row instead of V exponentials (the
+exponential race argmax(p / E) costs about 1 ms per draw over 49152 tokens on
+this project's CPU, searchsorted about 0.05 ms), and takes an explicit
+torch.Generator so seeded runs repeat.
 """
 import torch
 
@@ -46,8 +49,10 @@ def logits_to_probs(logits: torch.Tensor, temperature: float, top_k: int = 0, to
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
     """Draw one index per row of (..., V) probabilities; returns (...,) int64 on the device."""
-    e = torch.empty_like(probs).exponential_(generator=generator)
-    return (probs / e).argmax(-1)
+    cdf = probs.cumsum(-1)  # (..., V)
+    u = torch.rand(cdf.shape[:-1] + (1,), generator=generator, device=probs.device, dtype=cdf.dtype)
+    idx = torch.searchsorted(cdf, u * cdf[..., -1:], right=True)  # tokens with p = 0 own an empty interval
+    return idx.clamp_max(probs.shape[-1] - 1).squeeze(-1)
 
 
 def make_generator(seed, device) -> torch.Generator:

@@ -231,3 +231,155 @@ def fragmentation_figure(result) -> go.Figure:
     fig.update_yaxes(title_text="requests", row=2, col=1)
     fig.update_xaxes(title_text="engine step", row=2, col=1)
     return fig
+
+
+# --------------------------------------------------------------------------- chapters 06, 08 and 10
+
+TRACE_COLORS = {"accepted": GOOD, "rejected": BAD, "discarded": "#c7c7c7", "correction": PALETTE[0],
+                "bonus": "#e6a800"}
+
+
+def _short(piece, n=8):
+    from .trace import show_piece
+    text = show_piece(piece)
+    return text if len(text) <= n else text[:n - 1] + "~"
+
+
+def step_trace_figure(rows, title="One speculative run, step by step") -> go.Figure:
+    """A token strip per step (trace.trace_rows rows): drafts d_1..d_K in slots 1..K coloured by
+    their fate (accepted, rejected, discarded unverified), then the step's next token (correction
+    or bonus) in a column of its own."""
+    kmax = max([r["k"] for r in rows] + [1])
+    cells = {name: [] for name in TRACE_COLORS}  # fate -> [(x, step, piece)]
+    for r in rows:
+        fates = (["accepted"] * len(r["accepted"]) + ["rejected"] * len(r["rejected"])
+                 + ["discarded"] * len(r["discarded"]))
+        texts = r["accepted_text"] + r["rejected_text"] + r["discarded_text"]
+        for i, (fate, piece) in enumerate(zip(fates, texts)):
+            cells[fate].append((i + 1, r["step"], piece))
+        kind = "bonus" if r["kind"] == "bonus" else "correction"  # a plain step's token is the target's too
+        cells[kind].append((kmax + 2, r["step"], r["next_text"]))
+    fig = go.Figure()
+    for name, cs in cells.items():
+        fig.add_trace(go.Scatter(x=[x for x, _, _ in cs], y=[y for _, y, _ in cs], mode="markers+text", name=name,
+                                 text=[_short(p) for _, _, p in cs], customdata=[repr(p) for _, _, p in cs],
+                                 marker=dict(symbol="square", size=30, color=TRACE_COLORS[name]),
+                                 textfont=dict(size=9), hovertemplate="step %{y}: %{customdata}<extra>"
+                                 + name + "</extra>"))
+    ticks = list(range(1, kmax + 1)) + [kmax + 2]
+    fig.update_xaxes(tickvals=ticks, ticktext=[f"d{i}" for i in range(1, kmax + 1)] + ["next"],
+                     range=[0.3, kmax + 2.7], title_text="draft slot, then the token the target chose")
+    fig.update_yaxes(autorange="reversed", title_text="step", dtick=1)
+    fig.update_layout(title=title, height=140 + 34 * len(rows), legend=dict(orientation="h", y=1.02,
+                                                                            yanchor="bottom", x=0))
+    return fig
+
+
+def k_sweep_figure(ks, tokens_per_step, speedup, predicted_tokens_per_step=None, predicted_speedups=None,
+                   title="Sweep over the draft length K") -> go.Figure:
+    """Left: mean tokens per step against K (measured markers; a prediction dashed; the K+1
+    ceiling dotted). Right: speedup over autoregressive decoding against K, measured, with any
+    predictions given as {label: [value per K]}, and break-even at 1."""
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("tokens per step", "speedup over autoregressive"))
+    fig.add_trace(go.Scatter(x=ks, y=[k + 1 for k in ks], mode="lines", name="ceiling K+1",
+                             line=dict(color=NEUTRAL, dash="dot")), row=1, col=1)
+    fig.add_trace(go.Scatter(x=ks, y=tokens_per_step, mode="lines+markers", name="measured",
+                             line=dict(color=PALETTE[0]), legendgroup="measured"), row=1, col=1)
+    if predicted_tokens_per_step is not None:
+        fig.add_trace(go.Scatter(x=ks, y=predicted_tokens_per_step, mode="lines", name="predicted from alpha",
+                                 line=dict(color=PALETTE[1], dash="dash")), row=1, col=1)
+    fig.add_trace(go.Scatter(x=ks, y=speedup, mode="lines+markers", name="measured", showlegend=False,
+                             line=dict(color=PALETTE[0]), legendgroup="measured"), row=1, col=2)
+    for i, (label, values) in enumerate((predicted_speedups or {}).items()):
+        fig.add_trace(go.Scatter(x=ks, y=values, mode="lines+markers", name=label, marker=dict(symbol="x"),
+                                 line=dict(color=PALETTE[(i + 1) % len(PALETTE)], dash="dash")), row=1, col=2)
+    fig.add_hline(y=1.0, line=dict(color="black", width=1), row=1, col=2)
+    fig.update_xaxes(title_text="draft length K", dtick=1)
+    fig.update_yaxes(rangemode="tozero")
+    fig.update_layout(title=title, height=420)
+    return fig
+
+
+def training_curve_figure(curves, title="Held-out acceptance during distillation") -> go.Figure:
+    """Held-out greedy agreement (alpha at temperature 0) against training tokens seen.
+    curves: {name: [(tokens, alpha), ...]}, as train_draft returns and trace.card_curve parses."""
+    fig = go.Figure()
+    for i, (name, curve) in enumerate(curves.items()):
+        fig.add_trace(go.Scatter(x=[t for t, _ in curve], y=[a for _, a in curve], mode="lines+markers", name=name,
+                                 line=dict(color=PALETTE[i % len(PALETTE)])))
+    fig.update_xaxes(title_text="training tokens seen", rangemode="tozero")
+    fig.update_yaxes(title_text="held-out alpha (greedy agreement)", range=[0, 1])
+    fig.update_layout(title=title, height=400)
+    return fig
+
+
+def bench_figure(doc, temperature_index=0) -> go.Figure:
+    """A bench.run_bench document at one temperature. Left: tokens/s per system (this engine
+    blue, transformers grey). Middle: speedup over this engine's autoregressive decode against K:
+    measured, Theorem 3.8 of arXiv 2211.17192, and the same with the measured verification cost.
+    Right: the cost of one target forward over K+1 tokens relative to one token (1 in the theorem)."""
+    r = doc["results"][temperature_index]
+    sy = r["systems"]
+    fig = make_subplots(rows=1, cols=3, column_widths=[0.4, 0.32, 0.28],
+                        subplot_titles=("tokens/s", "speedup over autoregressive",
+                                        "verifying K+1 tokens / one token"))
+    own = [not n.startswith("hf_") for n in sy]
+    fig.add_trace(go.Bar(x=[s["label"] for s in sy.values()], y=[s["tokens_per_second"] for s in sy.values()],
+                         marker_color=[PALETTE[0] if o else NEUTRAL for o in own], showlegend=False,
+                         text=[f"{s['tokens_per_second']:.1f}" for s in sy.values()], textposition="outside"),
+                  row=1, col=1)
+    fixed = [s for s in sy.values() if isinstance(s.get("k"), int)]
+    ks = [s["k"] for s in fixed]
+    for name, key, color, dash in (("measured", "measured_speedup", PALETTE[0], "solid"),
+                                   ("Theorem 3.8", "predicted_speedup", PALETTE[1], "dash"),
+                                   ("with measured verify cost", "predicted_speedup_with_verify_cost", PALETTE[2],
+                                    "dash")):
+        fig.add_trace(go.Scatter(x=ks, y=[s.get(key) for s in fixed], mode="lines+markers", name=name,
+                                 line=dict(color=color, dash=dash)), row=1, col=2)
+    fig.add_hline(y=1.0, line=dict(color="black", width=1), row=1, col=2)
+    verify = {int(k): v for k, v in doc["costs"]["verify_cost"].items()}  # JSON turns int keys to str
+    vk = sorted(verify)
+    fig.add_trace(go.Scatter(x=vk, y=[verify[k] for k in vk], mode="lines+markers", name="measured verify cost",
+                             line=dict(color=BAD)), row=1, col=3)
+    fig.add_hline(y=1.0, line=dict(color=NEUTRAL, dash="dot"), row=1, col=3)
+    fig.update_xaxes(tickangle=-35, row=1, col=1)
+    fig.update_xaxes(title_text="K", dtick=1, row=1, col=2)
+    fig.update_xaxes(title_text="K", dtick=1, row=1, col=3)
+    fig.update_yaxes(rangemode="tozero")
+    fig.update_layout(title=f"Benchmark at temperature {r['temperature']:g}: alpha = {r['alpha']:.3f}, "
+                            f"c = {doc['costs']['c']:.3f}", height=480,
+                      legend=dict(orientation="h", y=-0.35, x=0.4))
+    return fig
+
+
+# --------------------------------------------------------------------------- chapter 07: adaptive K
+
+
+def adaptive_k_figure(k_by_name, committed_by_name, requests=None, reference=(),
+                      title="Draft length per step on a changing workload") -> go.Figure:
+    """Top: the K each step drafted (0: the drafter proposed nothing); bottom: the tokens
+    each step committed. Both against the output position where the step started, so
+    runs that took different numbers of steps over the same text line up.
+    k_by_name / committed_by_name: {name: [int per step]}, steps of consecutive requests
+    concatenated; requests: {request name: output position where it starts}, drawn as
+    dashed lines; names in `reference` (e.g. fixed K) are drawn thin and dotted."""
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08,
+                        subplot_titles=("K drafted per step", "tokens committed per step"))
+    for i, name in enumerate(k_by_name):
+        committed = committed_by_name[name]
+        x = [sum(committed[:j]) for j in range(len(committed))]  # output position at each step's start
+        ref = name in reference
+        line = dict(color=PALETTE[i % len(PALETTE)], width=1 if ref else 2.5, dash="dot" if ref else "solid")
+        fig.add_trace(go.Scatter(x=x, y=k_by_name[name], mode="lines", line_shape="hv", line=line, name=name,
+                                 legendgroup=name), row=1, col=1)
+        fig.add_trace(go.Scatter(x=x, y=committed, mode="markers", name=name, legendgroup=name, showlegend=False,
+                                 marker=dict(color=line["color"], size=4 if ref else 7)), row=2, col=1)
+    for label, start in (requests or {}).items():
+        fig.add_vline(x=start, line=dict(color=NEUTRAL, dash="dash"))
+        fig.add_annotation(x=start, y=1.0, xref="x", yref="y domain", text=f" {label}", showarrow=False,
+                           xanchor="left", yanchor="top", font=dict(color=NEUTRAL))  # inside the top panel
+    fig.update_yaxes(title_text="K", rangemode="tozero", row=1, col=1)
+    fig.update_yaxes(title_text="tokens", rangemode="tozero", row=2, col=1)
+    fig.update_xaxes(title_text="output position (tokens generated before the step, all requests)", row=2, col=1)
+    fig.update_layout(title=title, height=560, legend=dict(groupclick="togglegroup"))
+    return fig

@@ -36,8 +36,15 @@ def test_greedy_with_a_random_draft_equals_autoregressive(smol, baselines, k):
         assert engine.generate(p, max_new_tokens=24).tokens == baselines[p]
 
 
-@pytest.mark.parametrize("block_size", [1, 16, 512])
-def test_paged_cache_gives_the_same_greedy_output(smol, baselines, block_size):
-    engine = sl.SpeculativeEngine(smol, smol, k=4, cache="paged", block_size=block_size)
-    for p in PROMPTS:
-        assert engine.generate(p, max_new_tokens=24).tokens == baselines[p]
+PAGED_PROMPTS = PROMPTS + ["List three colours.", "Summarize: the cat sat on the mat all day.",
+                           "Reverse this list: a, b, c, d."]
+
+
+@pytest.mark.parametrize("block_size", [1, 16, 512])  # 512 is larger than any prompt here
+def test_paged_cache_gives_the_same_greedy_output_on_five_prompts(smol, block_size):
+    rand = sl.tiny_model(6, vocab_size=smol.cfg.vocab_size, dim=32, n_heads=2, n_kv_heads=1)
+    paged = sl.SpeculativeEngine(smol, rand, k=3, cache="paged", block_size=block_size)
+    contiguous = sl.SpeculativeEngine(smol, rand, k=3)
+    for p in PAGED_PROMPTS:
+        want = contiguous.generate(p, max_new_tokens=12).tokens
+        assert paged.generate(p, max_new_tokens=12).tokens == want, f"paged (P={block_size}) diverged on {p!r}"

@@ -24,12 +24,15 @@ def test_top_k_keeps_k_tokens():
     assert (p > 0).tolist() == [False, True, True, False]
 
 
-def test_exponential_race_draws_in_proportion_to_probs():
+def test_sampler_draws_in_proportion_to_probs_and_never_a_zero_probability_token():
     probs = torch.tensor([0.1, 0.6, 0.3])
     g = make_generator(0, "cpu")
     draws = sample(probs.expand(20000, 3), g)
     freq = torch.bincount(draws, minlength=3).float() / 20000
     assert torch.allclose(freq, probs, atol=0.015), f"sampler is biased: {freq}"
+    zeros = torch.tensor([0.0, 0.5, 0.0, 0.5, 0.0])
+    draws = sample(zeros.expand(20000, 5), g)
+    assert set(draws.tolist()) == {1, 3}, "a token with probability 0 was drawn"
 
 
 def test_seeded_sampling_repeats():

