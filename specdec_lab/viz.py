@@ -246,32 +246,35 @@ def _short(piece, n=8):
 
 
 def step_trace_figure(rows, title="One speculative run, step by step") -> go.Figure:
-    """A token strip per step (trace.trace_rows rows): drafts d_1..d_K in slots 1..K coloured by
-    their fate (accepted, rejected, discarded unverified), then the step's next token (correction
-    or bonus) in a column of its own."""
+    """A grid with one row per step (trace.trace_rows rows): drafts d_1..d_K in columns 1..K coloured
+    by their fate (accepted, rejected, discarded unverified), then the step's next token (correction
+    or bonus) in a last column. One heatmap; the other traces only label the colours."""
+    names = list(TRACE_COLORS)
     kmax = max([r["k"] for r in rows] + [1])
-    cells = {name: [] for name in TRACE_COLORS}  # fate -> [(x, step, piece)]
-    for r in rows:
+    z = [[None] * (kmax + 1) for _ in rows]  # code of the cell's fate, None where nothing was drafted
+    text = [[""] * (kmax + 1) for _ in rows]
+    hover = [[""] * (kmax + 1) for _ in rows]
+    for j, r in enumerate(rows):
         fates = (["accepted"] * len(r["accepted"]) + ["rejected"] * len(r["rejected"])
                  + ["discarded"] * len(r["discarded"]))
-        texts = r["accepted_text"] + r["rejected_text"] + r["discarded_text"]
-        for i, (fate, piece) in enumerate(zip(fates, texts)):
-            cells[fate].append((i + 1, r["step"], piece))
+        pieces = r["accepted_text"] + r["rejected_text"] + r["discarded_text"]
         kind = "bonus" if r["kind"] == "bonus" else "correction"  # a plain step's token is the target's too
-        cells[kind].append((kmax + 2, r["step"], r["next_text"]))
-    fig = go.Figure()
-    for name, cs in cells.items():
-        fig.add_trace(go.Scatter(x=[x for x, _, _ in cs], y=[y for _, y, _ in cs], mode="markers+text", name=name,
-                                 text=[_short(p) for _, _, p in cs], customdata=[repr(p) for _, _, p in cs],
-                                 marker=dict(symbol="square", size=30, color=TRACE_COLORS[name]),
-                                 textfont=dict(size=9), hovertemplate="step %{y}: %{customdata}<extra>"
-                                 + name + "</extra>"))
-    ticks = list(range(1, kmax + 1)) + [kmax + 2]
-    fig.update_xaxes(tickvals=ticks, ticktext=[f"d{i}" for i in range(1, kmax + 1)] + ["next"],
-                     range=[0.3, kmax + 2.7], title_text="draft slot, then the token the target chose")
+        for i, (fate, piece) in [*enumerate(zip(fates, pieces)), (kmax, (kind, r["next_text"]))]:
+            z[j][i], text[j][i], hover[j][i] = names.index(fate), _short(piece), f"{fate}: {piece!r}"
+    scale = []
+    for i, name in enumerate(names):  # value i fills the band [i, i+1) / len(names)
+        scale += [[i / len(names), TRACE_COLORS[name]], [(i + 1) / len(names), TRACE_COLORS[name]]]
+    fig = go.Figure(go.Heatmap(z=z, x=[f"d{i}" for i in range(1, kmax + 1)] + ["next"], y=[r["step"] for r in rows],
+                               text=text, texttemplate="%{text}", textfont=dict(size=10), customdata=hover,
+                               colorscale=scale, zmin=-0.5, zmax=len(names) - 0.5, showscale=False, xgap=3,
+                               ygap=3, hovertemplate="step %{y}, %{x}: %{customdata}<extra></extra>"))
+    for name in names:
+        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=name,
+                                 marker=dict(symbol="square", size=12, color=TRACE_COLORS[name])))
+    fig.update_xaxes(title_text="draft slot, then the token the target chose", side="top")
     fig.update_yaxes(autorange="reversed", title_text="step", dtick=1)
-    fig.update_layout(title=title, height=140 + 34 * len(rows), legend=dict(orientation="h", y=1.02,
-                                                                            yanchor="bottom", x=0))
+    fig.update_layout(title=title, height=160 + 24 * len(rows), plot_bgcolor="white",
+                      legend=dict(orientation="h", y=-0.02, yanchor="top", x=0))
     return fig
 
 

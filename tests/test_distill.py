@@ -76,3 +76,20 @@ def test_saved_draft_loads_in_the_project_decoder_with_the_same_logits(tmp_path)
     loaded = build_model(cfg, from_hf_state_dict(load_file(str(out / "model.safetensors")), cfg))
     x = torch.tensor([[1, 2, 3, 4]])
     assert torch.allclose(loaded(x), draft.eval()(x), atol=1e-5)
+
+
+def test_distill_command_tiny_budget_runs_end_to_end(tmp_path):
+    """`python -m specdec_lab distill --budget tiny`: real target answers, training, a loadable draft."""
+    import json
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    out = tmp_path / "draft"
+    proc = subprocess.run([sys.executable, "-m", "specdec_lab", "distill", "--budget", "tiny", "--out", str(out),
+                           "--data-dir", str(tmp_path / "data"), "--work-dir", str(tmp_path / "work")], env=env, capture_output=True, text=True,
+                          timeout=900)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["vocab_size"] == 49152 and (out / "README.md").exists()
+    assert (out / "model.safetensors").stat().st_size < 30e6

@@ -112,13 +112,15 @@ def _trace_rows():
 def test_step_trace_figure_places_every_draft_and_one_next_token_per_step():
     rows = _trace_rows()
     fig = _pure(lambda: viz.step_trace_figure(rows))
-    by = {t.name: t for t in fig.data}
-    assert set(by) == {"accepted", "rejected", "discarded", "correction", "bonus"}
-    drafted = sum(len(r["drafted"]) for r in rows)
-    assert sum(len(by[n].x) for n in ("accepted", "rejected", "discarded")) == drafted
-    assert len(by["correction"].x) + len(by["bonus"].x) == len(rows), "one next token per step"
-    assert len(by["accepted"].x) == sum(r["num_accepted"] for r in rows)
-    assert set(by["correction"].x) | set(by["bonus"].x) == {max(r["k"] for r in rows) + 2}
+    heat, *legend = fig.data
+    names = [t.name for t in legend]
+    assert names == ["accepted", "rejected", "discarded", "correction", "bonus"]
+    cells = [names[v] for row in heat.z for v in row if v is not None]
+    assert sum(cells.count(n) for n in ("accepted", "rejected", "discarded")) == sum(len(r["drafted"]) for r in rows)
+    assert cells.count("accepted") == sum(r["num_accepted"] for r in rows)
+    assert [names[row[-1]] for row in heat.z] == ["bonus" if r["kind"] == "bonus" else "correction" for r in rows], \
+        "the last column holds each step's next token"
+    assert list(heat.y) == [r["step"] for r in rows]
 
 
 def test_k_sweep_figure_draws_measured_predictions_and_the_k_plus_1_ceiling():
