@@ -21,7 +21,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .kv_cache import KVCache
-from .prompts import distill_prompts, split_prompts
+from .prompts import distill_prompts
 from .sampling import logits_to_probs, make_generator, sample
 from .text import encode_prompt
 

@@ -135,9 +135,10 @@ def check_fed_forward(rows) -> list[str]:
 def card_curve(card: str) -> list[tuple[int, float]]:
     """The held-out alpha curve a draft's model card lists, as (training tokens, alpha) pairs.
 
-    distill.py's card writes it as 'Curve of held-out alpha against training tokens: 1000: 0.210, ...'.
-    A card without that line gives []."""
-    m = re.search(r"Curve of held-out alpha against training tokens:\s*([^\n]*)", card)
+    distill.py's card writes a line with the word 'Curve', then pairs 'tokens: alpha, ...' on the
+    same line or the next; the pairs are read up to the next blank line. A card without one gives []."""
+    m = re.search(r"\bCurve\b", card)
     if not m:
         return []
-    return [(int(t), float(a)) for t, a in re.findall(r"(\d+)\s*:\s*([0-9]*\.?[0-9]+)", m.group(1))]
+    block = re.split(r"\n\s*\n|\n#", card[m.end():])[0]
+    return [(int(t), float(a)) for t, a in re.findall(r"(\d+)\s*:\s*(\d+\.\d+|\d+)", block)]

@@ -9,6 +9,16 @@ import torch
 from specdec_lab.pair import ModelPair, load_model_cached, tiny_model
 
 
+@pytest.fixture(autouse=True, scope="session")
+def one_torch_thread():
+    """One torch thread per process: tiny models on 2 busy cores run ~10x slower with two
+    contending threads, and `make test` runs JupyterLab and a kernel beside pytest."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return

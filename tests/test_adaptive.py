@@ -11,15 +11,6 @@ from specdec_lab.metrics import StepRecord
 from specdec_lab.pair import tiny_model
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """Tiny models on 2 busy cores: two threads contend and run ~10x slower than one."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def closed_form_speedup(alpha, k, c):
     """Leviathan et al. (arXiv 2211.17192) Theorem 3.8, written as in the paper (alpha < 1)."""
     return (1 - alpha ** (k + 1)) / ((1 - alpha) * (k * c + 1))

@@ -2,10 +2,9 @@
 import torch
 
 import specdec_lab as sl
-from specdec_lab.distill import (collate, draft_config, generate_data, held_out_agreement, kl_loss,
+from specdec_lab.distill import (draft_config, generate_data, held_out_agreement, kl_loss,
                                  load_shards, save_draft, train_draft)
 from specdec_lab.model import Transformer, init_weights
-from specdec_lab.weights import load_model
 
 
 def _tiny_target():

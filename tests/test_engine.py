@@ -1,5 +1,4 @@
 """The speculative engine: lossless greedy and sampled decoding, seeds, syncs, bad input."""
-import itertools
 
 import pytest
 import torch

@@ -1,6 +1,5 @@
 """On CUDA: the engine stays lossless and syncs once per step (skipped without a GPU)."""
 import pytest
-import torch
 
 import specdec_lab as sl
 from specdec_lab.syncs import count_host_syncs

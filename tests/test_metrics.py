@@ -15,15 +15,6 @@ from prometheus_client.parser import text_string_to_metric_families  # noqa: E40
 
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """Tiny models on 2 busy cores: two threads contend and run ~10x slower than one."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 EXPECTED_FAMILIES = {  # family name -> type, as the parser reports them
     "specdec_tokens_generated": "counter",
     "specdec_tokens_drafted": "counter",

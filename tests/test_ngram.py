@@ -11,15 +11,6 @@ from specdec_lab.pair import tiny_model
 GREEDY = SamplingConfig(0.0)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """Tiny models on 2 busy cores: two threads contend and run ~10x slower than one."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def proposal(drafter, k):
     ids, q = drafter.propose(k, GREEDY, None)
     assert q is None, "an n-gram proposal is one-hot: q must be None"

@@ -282,7 +282,7 @@ def test_fragmentation_result_is_deterministic_for_a_seed_and_fast(fragmentation
 
 
 def test_fragmentation_figure_is_a_pure_function_of_the_result(fragmentation):
-    from specdec_lab.viz_paged import fragmentation_figure
+    from specdec_lab.viz import fragmentation_figure
     result, _ = fragmentation
     fig = fragmentation_figure(result)
     assert {t.name.split(":")[0] for t in fig.data} == {"contiguous", "paged"}

@@ -1,4 +1,6 @@
 """trace.py: a run's steps as rows, checked against what the target really received."""
+from string import Formatter
+
 import pytest
 
 import specdec_lab as sl
@@ -79,8 +81,8 @@ def test_format_trace_has_a_line_per_step_and_escapes_newlines(tiny_pair):
 
 
 def test_card_curve_reads_the_curve_distill_writes_and_nothing_from_a_card_without_one():
-    fields = dict(n_layers=4, dim=128, params=13.6, dtype="float16", size_mb=27.1, num_prompts=800, rounds=[0.7],
-                  max_new_tokens=256, held_every=10, top_k=64, data_note="", train_tokens=1, held_tokens=1,
-                  epochs=1, alpha=0.5, curve="1000: 0.210, 52000: 0.480")
+    fields = {name: 1 for _, name, _, _ in Formatter().parse(CARD) if name}  # whatever the card asks for
+    fields["curve"] = "1000: 0.210, 52000: 0.480"
     assert card_curve(CARD.format(**fields)) == [(1000, 0.21), (52000, 0.48)]
+    assert card_curve("Curve of held-out alpha against training tokens: 10: 0.1, 20: 0.25\n") == [(10, 0.1), (20, 0.25)]
     assert card_curve("# interim draft (training in progress)\n") == []

@@ -80,10 +80,8 @@ def test_verify_cost_figure_has_time_and_sync_panels():
     assert list(fig.data[3].y) == [0, 0]
 
 
-def test_fragmentation_figure_lives_in_viz_and_the_old_import_still_works():
+def test_fragmentation_figure_draws_both_designs():
     from specdec_lab.paged import simulate_fragmentation
-    from specdec_lab.viz_paged import fragmentation_figure
-    assert fragmentation_figure is viz.fragmentation_figure
     result = simulate_fragmentation(num_requests=12, memory_tokens=4096, seed=0)
     fig = _pure(lambda: viz.fragmentation_figure(result))
     assert {t.name.split(":")[0] for t in fig.data} == {"contiguous", "paged"}
