@@ -83,6 +83,30 @@ def measure_cost_ratio(target, draft, context=128, reps=30):
     return statistics.median(times[1]) / statistics.median(times[0])
 
 
+@torch.no_grad()
+def measure_verify_cost(target, ks=range(1, 9), context=128, reps=10) -> dict:
+    """{K: time of one target forward over K+1 tokens / time over 1 token}, medians, timed alternately.
+    Leviathan et al.'s Theorem 3.8 assumes 1; batch-1 float32 matmuls on a CPU can make it 2 or more."""
+    ks = list(ks)
+    cache = KVCache.for_model(target.cfg, context + max(ks) + 2, dtype=target.dtype, device=target.device)
+    target(torch.zeros(1, context, dtype=torch.long, device=target.device), cache=cache, last_only=True)
+    times = {k: [] for k in [0] + ks}
+    for i in range(reps + 2):
+        for k in times:
+            x = torch.zeros(1, k + 1, dtype=torch.long, device=target.device)
+            if target.device.type == "cuda":
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            target(x, cache=cache)
+            if target.device.type == "cuda":
+                torch.cuda.synchronize()
+            cache.rollback(context)
+            if i >= 2:
+                times[k].append(time.perf_counter() - t0)
+    one = statistics.median(times[0])
+    return {k: statistics.median(times[k]) / one for k in ks}
+
+
 def acceptance_report(target, draft, prompts, ks=range(1, 9), max_new_tokens=64, temperature=0.0,
                       progress=True) -> AcceptanceReport:
     alpha, positions = measure_alpha(target, draft, prompts, max_new_tokens, temperature)

@@ -93,16 +93,20 @@ class CostAwareController(_Controller):
     successes, then one failure if n < k. Its maximum-likelihood estimate is
     accepted / trials with trials = n + (1 if n < k else 0), here with both sums
     exponentially weighted (weight `decay` on the past) so alpha can drift.
-    c: the draft's seconds per drafted token over the target's seconds per step,
-    both moving, unless a fixed `c` is given (e.g. from a roofline, or on a GPU
+    c: the draft's seconds per drafted token over the target's one-token forward time
+    (its step time divided by verify_cost[k] when that is given), both moving, unless a fixed `c` is given (e.g. from a roofline, or on a GPU
     where host clocks without a device sync misplace the time).
     The first `warmup` drafting steps run at k_start.
     """
 
-    def __init__(self, k_min=1, k_max=8, k_start=4, decay=0.95, warmup=4, c=None):
+    def __init__(self, k_min=1, k_max=8, k_start=4, decay=0.95, warmup=4, c=None, verify_cost=None):
         if c is not None and (isinstance(c, bool) or not isinstance(c, (int, float)) or not c >= 0 or math.isinf(c)):
             raise ValueError(f"c must be None (measure it) or a finite number >= 0, got {c!r}")
-        self.decay, self.fixed_c = decay, c
+        if verify_cost is not None and not all(v > 0 for v in dict(verify_cost).values()):
+            raise ValueError(f"verify_cost must map K to a positive cost, got {verify_cost!r}")
+        # verify_cost[K]: a (K+1)-token target forward over a one-token one (acceptance.measure_verify_cost).
+        # Where small-batch matmuls are slow (this project's CPU) it is well above the theorem's 1.
+        self.decay, self.fixed_c, self.verify_cost = decay, c, dict(verify_cost or {})
         super().__init__(k_min, k_max, k_start, warmup)
 
     def reset(self):
@@ -130,7 +134,7 @@ class CostAwareController(_Controller):
             return
         self._alpha.update(n, n + (1 if n < k else 0))
         self._draft_per_token.update(record.draft_seconds, k)
-        self._target_per_step.update(record.target_seconds, 1.0)
+        self._target_per_step.update(record.target_seconds / self.verify_cost.get(k, 1.0), 1.0)  # one-token time
         self.observed += 1
         if self.observed >= self.warmup and self.alpha is not None and self.c is not None:
-            self.k = optimal_k(self.alpha, self.c, self.k_min, self.k_max)
+            self.k = optimal_k(self.alpha, self.c, self.k_min, self.k_max, self.verify_cost)

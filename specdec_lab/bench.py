@@ -80,9 +80,7 @@ def predicted_speedup(alpha: float, k: int, c: float, verify_cost: float = 1.0) 
     """E[tokens per step] / (K c + verify_cost). verify_cost = 1 is Theorem 3.8 of
     arXiv 2211.17192 exactly; a measured verify_cost (target forward over K+1 tokens
     relative to one) accounts for a verification that is not free."""
-    if verify_cost == 1.0:
-        return expected_speedup(alpha, k, c)
-    return expected_tokens_per_step(alpha, k) / (k * c + verify_cost)
+    return expected_speedup(alpha, k, c, verify_cost)
 
 
 def alpha_from_steps(accepted: int, rejections: int) -> float | None:

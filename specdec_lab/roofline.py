@@ -49,28 +49,30 @@ def expected_tokens_per_step(alpha: float, k: int) -> float:
     return math.fsum(alpha ** i for i in range(k + 1))
 
 
-def expected_speedup(alpha: float, k: int, c: float) -> float:
+def expected_speedup(alpha: float, k: int, c: float, verify_cost: float = 1.0) -> float:
     """Expected walltime improvement over autoregressive decoding (arXiv 2211.17192, Theorem 3.8).
 
-    One step costs K draft forwards (c each, relative to a target forward) plus one
-    target forward, and yields expected_tokens_per_step(alpha, K) tokens; the
-    baseline yields 1 token per target forward.
+    One step costs K draft forwards (c each, relative to a one-token target forward)
+    plus one target forward over K+1 tokens, and yields expected_tokens_per_step(alpha, K)
+    tokens; the baseline yields 1 token per target forward. The theorem takes the
+    (K+1)-token forward to cost as much as a one-token one (verify_cost = 1), true where
+    decode is purely memory-bound; pass a measured verify_cost where it is not.
     """
     if isinstance(c, bool) or not isinstance(c, (int, float)) or not c >= 0 or math.isinf(c):
         raise ValueError(f"c must be a finite number >= 0, got {c!r}")
-    return expected_tokens_per_step(alpha, k) / (k * c + 1.0)
+    if not verify_cost > 0:
+        raise ValueError(f"verify_cost must be > 0, got {verify_cost!r}")
+    return expected_tokens_per_step(alpha, k) / (k * c + verify_cost)
 
 
-def optimal_k(alpha: float, c: float, k_min: int = 1, k_max: int = 16) -> int:
-    """argmax over K in [k_min, k_max] of expected_speedup(alpha, K, c); ties go to the smaller K."""
+def optimal_k(alpha: float, c: float, k_min: int = 1, k_max: int = 16, verify_cost: dict | None = None) -> int:
+    """argmax over K in [k_min, k_max] of expected_speedup; ties go to the smaller K.
+    verify_cost maps K to the measured cost of verifying K drafts (1 where missing)."""
     _check_int("k_min", k_min, 0)
     _check_int("k_max", k_max, k_min)
-    best_k, best = k_min, expected_speedup(alpha, k_min, c)
-    for k in range(k_min + 1, k_max + 1):
-        s = expected_speedup(alpha, k, c)
-        if s > best:
-            best_k, best = k, s
-    return best_k
+    v = verify_cost or {}
+    speed = {k: expected_speedup(alpha, k, c, v.get(k, 1.0)) for k in range(k_min, k_max + 1)}
+    return max(speed, key=lambda k: (speed[k], -k))
 
 
 def best_k(alpha: float, c: float, k_max: int = 16) -> int:

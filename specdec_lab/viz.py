@@ -271,7 +271,7 @@ def step_trace_figure(rows, title="One speculative run, step by step") -> go.Fig
     for name in names:
         fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=name,
                                  marker=dict(symbol="square", size=12, color=TRACE_COLORS[name])))
-    fig.update_xaxes(title_text="draft slot, then the token the target chose", side="top")
+    fig.update_xaxes(side="top")  # the columns: draft slots d1..dK, then the token the target chose
     fig.update_yaxes(autorange="reversed", title_text="step", dtick=1)
     fig.update_layout(title=title, height=160 + 24 * len(rows), plot_bgcolor="white",
                       legend=dict(orientation="h", y=-0.02, yanchor="top", x=0))
@@ -329,8 +329,8 @@ def bench_figure(doc, temperature_index=0) -> go.Figure:
     own = [not n.startswith("hf_") for n in sy]
     fig.add_trace(go.Bar(x=[s["label"] for s in sy.values()], y=[s["tokens_per_second"] for s in sy.values()],
                          marker_color=[PALETTE[0] if o else NEUTRAL for o in own], showlegend=False,
-                         text=[f"{s['tokens_per_second']:.1f}" for s in sy.values()], textposition="outside"),
-                  row=1, col=1)
+                         text=[f"{s['tokens_per_second']:.1f}" for s in sy.values()], textposition="outside",
+                         cliponaxis=False), row=1, col=1)
     fixed = [s for s in sy.values() if isinstance(s.get("k"), int)]
     ks = [s["k"] for s in fixed]
     for name, key, color, dash in (("measured", "measured_speedup", PALETTE[0], "solid"),
@@ -349,6 +349,8 @@ def bench_figure(doc, temperature_index=0) -> go.Figure:
     fig.update_xaxes(title_text="K", dtick=1, row=1, col=2)
     fig.update_xaxes(title_text="K", dtick=1, row=1, col=3)
     fig.update_yaxes(rangemode="tozero")
+    top = max(s["tokens_per_second"] for s in sy.values())
+    fig.update_yaxes(range=[0, 1.15 * top], row=1, col=1)  # room for the bars' labels
     fig.update_layout(title=f"Benchmark at temperature {r['temperature']:g}: alpha = {r['alpha']:.3f}, "
                             f"c = {doc['costs']['c']:.3f}", height=480,
                       legend=dict(orientation="h", y=-0.35, x=0.4))
