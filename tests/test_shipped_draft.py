@@ -9,9 +9,9 @@ from specdec_lab.prompts import distill_prompts, split_prompts
 
 pytestmark = pytest.mark.slow
 
-# Greedy alpha measured on these three held-out prompts when the draft was shipped, minus a margin
-# (the README in specdec_lab/draft/ gives the measured figure). Retraining must not fall below it.
-ALPHA_FLOOR = 0.0
+# Greedy alpha on these three held-out prompts (32 new tokens) was 0.375 when the draft was
+# shipped; the floor leaves a margin for other hardware. A retrained draft must not fall below it.
+ALPHA_FLOOR = 0.30
 
 
 @pytest.fixture(scope="module")
