@@ -61,50 +61,75 @@ def measure_alpha(target, draft, prompts, max_new_tokens=64, temperature=0.0):
     return total / max(count, 1), count
 
 
+class Clock:
+    """perf_counter, with the device synchronised first on CUDA: a host clock read
+    while kernels are still queued would time the queueing, not the work."""
+
+    def __init__(self, device):
+        self.cuda = torch.device(device).type == "cuda"
+
+    def __call__(self) -> float:
+        if self.cuda:
+            torch.cuda.synchronize()  # sync: every clock read on CUDA
+        return time.perf_counter()
+
+
+@dataclass
+class StepCosts:
+    target_forward: float  # seconds, one token at `context` cached positions (median)
+    draft_forward: float  # seconds, the same for the draft
+    verify: dict  # K -> seconds of one target forward over K+1 tokens
+    context: int
+
+    @property
+    def c(self) -> float:
+        return self.draft_forward / self.target_forward
+
+    def verify_cost(self, k: int) -> float:
+        """Target forward over K+1 tokens relative to one over a single token (1 in the theorem)."""
+        return self.verify[k] / self.target_forward
+
+
 @torch.no_grad()
-def measure_cost_ratio(target, draft, context=128, reps=30):
+def measure_step_costs(target, draft, ks, context=128, reps=20, warmup=3) -> StepCosts:
+    """Median forward times at `context` cached positions, every kind timed once per
+    round so that drift of the machine hits all alike. Each forward is rolled back.
+    With draft None only the target is timed (draft_forward is then 0)."""
+    device, clock = target.device, Clock(target.device)
+    kmax = max(ks, default=1)
+    models = (target,) if draft is None else (target, draft)
+    caches = {id(m): KVCache.for_model(m.cfg, context + kmax + 2, dtype=m.dtype, device=m.device) for m in models}
+    prefix = torch.zeros(1, context, dtype=torch.long, device=device)  # (1, context)
+    for m in models:
+        m(prefix, cache=caches[id(m)], last_only=True)
+    kinds = [("target", target, 1)] + ([("draft", draft, 1)] if draft is not None else [])
+    kinds += [(k, target, k + 1) for k in ks]
+    times = {name: [] for name, _, _ in kinds}
+    for r in range(warmup + reps):
+        for name, m, T in kinds:
+            cache = caches[id(m)]
+            x = prefix[:, :T]  # (1, T)
+            t0 = clock()
+            m(x, cache=cache)
+            dt = clock() - t0
+            cache.rollback(context)
+            if r >= warmup:
+                times[name].append(dt)
+    med = {name: statistics.median(v) for name, v in times.items()}
+    return StepCosts(med["target"], med.get("draft", 0.0), {k: med[k] for k in ks}, context)
+
+
+def measure_cost_ratio(target, draft, context=128, reps=30) -> float:
     """c: median single-token forward time of the draft over the target's, timed alternately."""
-    caches = [KVCache.for_model(m.cfg, context + reps + 8, dtype=m.dtype, device=m.device) for m in (target, draft)]
-    x = torch.zeros(1, context, dtype=torch.long, device=target.device)
-    for m, cache in zip((target, draft), caches):
-        m(x, cache=cache, last_only=True)
-    one = x[:, :1]
-    times = ([], [])
-    for i in range(reps + 3):
-        for j, (m, cache) in enumerate(zip((target, draft), caches)):
-            if target.device.type == "cuda":
-                torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            m(one, cache=cache)
-            if target.device.type == "cuda":
-                torch.cuda.synchronize()
-            if i >= 3:  # warm-up
-                times[j].append(time.perf_counter() - t0)
-    return statistics.median(times[1]) / statistics.median(times[0])
+    return measure_step_costs(target, draft, (), context, reps).c
 
 
-@torch.no_grad()
 def measure_verify_cost(target, ks=range(1, 9), context=128, reps=10) -> dict:
     """{K: time of one target forward over K+1 tokens / time over 1 token}, medians, timed alternately.
     Leviathan et al.'s Theorem 3.8 assumes 1; batch-1 float32 matmuls on a CPU can make it 2 or more."""
     ks = list(ks)
-    cache = KVCache.for_model(target.cfg, context + max(ks) + 2, dtype=target.dtype, device=target.device)
-    target(torch.zeros(1, context, dtype=torch.long, device=target.device), cache=cache, last_only=True)
-    times = {k: [] for k in [0] + ks}
-    for i in range(reps + 2):
-        for k in times:
-            x = torch.zeros(1, k + 1, dtype=torch.long, device=target.device)
-            if target.device.type == "cuda":
-                torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            target(x, cache=cache)
-            if target.device.type == "cuda":
-                torch.cuda.synchronize()
-            cache.rollback(context)
-            if i >= 2:
-                times[k].append(time.perf_counter() - t0)
-    one = statistics.median(times[0])
-    return {k: statistics.median(times[k]) / one for k in ks}
+    costs = measure_step_costs(target, None, ks, context, reps)
+    return {k: costs.verify_cost(k) for k in ks}
 
 
 def acceptance_report(target, draft, prompts, ks=range(1, 9), max_new_tokens=64, temperature=0.0,

@@ -33,17 +33,16 @@ be downloaded.
 import math
 import os
 import statistics
-import time
 import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 
+from .acceptance import Clock, StepCosts, measure_step_costs  # noqa: F401 (bench.Clock etc. are used by chapters)
 from .adaptive import CostAwareController, optimal_k
 from .config import ModelConfig
 from .engine import SpeculativeEngine, autoregressive_generate
-from .kv_cache import KVCache
 from .prompts import BENCH_PROMPTS
 from .roofline import expected_speedup, expected_tokens_per_step
 from .sampling import logits_to_probs
@@ -93,19 +92,6 @@ def alpha_from_steps(accepted: int, rejections: int) -> float | None:
 # ----------------------------------------------------------------------------- measurements
 
 
-class Clock:
-    """perf_counter, with the device synchronised first on CUDA: a host clock read
-    while kernels are still queued would time the queueing, not the work."""
-
-    def __init__(self, device):
-        self.cuda = torch.device(device).type == "cuda"
-
-    def __call__(self) -> float:
-        if self.cuda:
-            torch.cuda.synchronize()  # sync: every clock read on CUDA
-        return time.perf_counter()
-
-
 class BandwidthProbe:
     """Memory read bandwidth (bytes/s): each call takes the best of `reps` sums over a float32
     buffer much larger than the caches (256 MiB on CPU, 2 GiB on CUDA). The bench calls it
@@ -145,49 +131,6 @@ def machine_bandwidth(device="cpu", quick=False) -> tuple[float, str]:
         except TypeError as e:  # an interface we do not know: fall back, and say so
             warnings.warn(f"roofline.measure_memory_bandwidth: {e}; using bench's own measurement")
     return measure_read_bandwidth(device, nbytes, reps), "bench.measure_read_bandwidth (sum)"
-
-
-@dataclass
-class StepCosts:
-    target_forward: float  # seconds, one token at `context` cached positions (median)
-    draft_forward: float  # seconds, the same for the draft
-    verify: dict  # K -> seconds of one target forward over K+1 tokens
-    context: int
-
-    @property
-    def c(self) -> float:
-        return self.draft_forward / self.target_forward
-
-    def verify_cost(self, k: int) -> float:
-        """Target forward over K+1 tokens relative to one over a single token (1 in the theorem)."""
-        return self.verify[k] / self.target_forward
-
-
-@torch.no_grad()
-def measure_step_costs(target, draft, ks, context=128, reps=20, warmup=3) -> StepCosts:
-    """Median forward times at `context` cached positions, every kind timed once per
-    round so that drift of the machine hits all alike. Each forward is rolled back."""
-    device, clock = target.device, Clock(target.device)
-    kmax = max(ks, default=1)
-    caches = {id(m): KVCache.for_model(m.cfg, context + kmax + 2, dtype=m.dtype, device=m.device)
-              for m in (target, draft)}
-    prefix = torch.zeros(1, context, dtype=torch.long, device=device)  # (1, context)
-    for m in (target, draft):
-        m(prefix, cache=caches[id(m)], last_only=True)
-    kinds = [("target", target, 1), ("draft", draft, 1)] + [(k, target, k + 1) for k in ks]
-    times = {name: [] for name, _, _ in kinds}
-    for r in range(warmup + reps):
-        for name, m, T in kinds:
-            cache = caches[id(m)]
-            x = prefix[:, :T]  # (1, T)
-            t0 = clock()
-            m(x, cache=cache)
-            dt = clock() - t0
-            cache.rollback(context)
-            if r >= warmup:
-                times[name].append(dt)
-    med = {name: statistics.median(v) for name, v in times.items()}
-    return StepCosts(med["target"], med["draft"], {k: med[k] for k in ks}, context)
 
 
 @torch.no_grad()
