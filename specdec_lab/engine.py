@@ -205,16 +205,12 @@ class SpeculativeEngine:
         base = self.cache.length
         logits = self.target(x, cache=self.cache)[0]  # (K+1, V)
         greedy = sampling.greedy
-        if greedy:
-            p = logits
-            q_full = None
+        if greedy:  # only argmaxes matter, and nothing is random
+            p, q_full, u, e = logits, None, torch.zeros(k, device=device), None
         else:
             p = logits_to_probs(logits, sampling.temperature, sampling.top_k, sampling.top_p)  # (K+1, V)
             q_full = q if q is not None else torch.zeros(k, V, device=device).scatter_(
                 1, draft_ids.view(k, 1), 1.0)  # a one-hot drafter
-        if greedy:  # no randomness at temperature 0
-            u, e = torch.zeros(k, device=device), None
-        else:
             u = torch.rand(k, generator=g, device=device)
             e = torch.empty(V, device=device).exponential_(generator=g)
         loop_syncs = {"count": 0}
@@ -223,11 +219,10 @@ class SpeculativeEngine:
         else:
             fn = verify if self.verifier == "device" else self.verifier
             verdict = fn(draft_ids, p, q_full, u, e, greedy=greedy)  # (2,) [n, next], still on the device
-        idx = torch.arange(k, device=device)
-        if greedy:
-            p_d = (p[:k].argmax(-1) == draft_ids).float()
-            q_d = torch.ones(k, device=device)
+        if greedy:  # the processed distributions are one-hot: p(d) is 1 where the argmaxes agree
+            p_d, q_d = (p[:k].argmax(-1) == draft_ids).float(), torch.ones(k, device=device)
         else:
+            idx = torch.arange(k, device=device)
             p_d, q_d = p[idx, draft_ids], q_full[idx, draft_ids]
         packed = torch.cat([verdict.float(), draft_ids.float(), p_d, q_d, u])  # ids < 2^24 are exact
         host = packed.tolist()  # sync: the one per step
