@@ -84,6 +84,8 @@ def add_bench_parser(sub):
     b.add_argument("--synthetic", metavar="PRESET", choices=["llama3-8b", "smollm2-1.7b"],
                    help="GPU only: random-weight models of real shapes (llama3-8b: Llama-3-8B with a "
                         "Llama-3.2-1B draft); step costs, c, bandwidth fraction, syncs per step")
+    b.add_argument("--caches", action="store_true",
+                   help="only compare the contiguous and the paged KV cache on the same decode")
     b.add_argument("--json", action="store_true", help="print only the JSON document")
 
 

@@ -627,6 +627,27 @@ def _parse_list(text, kind, name):
         raise ValueError(f"{name} must be a comma list like 1,2,4 (or a range 1-8 for ks), got {text!r}") from None
 
 
+@torch.no_grad()
+def compare_caches(target, draft, prompts, k=4, max_new_tokens=64, block_size=16, reps=2) -> dict:
+    """The same speculative decode on the contiguous and the paged cache, interleaved per prompt:
+    target tokens per second on each (target forward seconds only) and whether the outputs agree."""
+    engines = {kind: SpeculativeEngine(target, draft, k=k, cache=kind, block_size=block_size)
+               for kind in ("contiguous", "paged")}
+    rates, same = {kind: [] for kind in engines}, True
+    for _ in range(reps):
+        for prompt in prompts:
+            outs = {}
+            for kind, engine in engines.items():
+                res = engine.generate(prompt, max_new_tokens=max_new_tokens)
+                rates[kind].append(res.stats.new_tokens / res.stats.target_seconds)
+                outs[kind] = res.tokens
+            same &= outs["contiguous"] == outs["paged"]
+    med = {kind: statistics.median(v) for kind, v in rates.items()}
+    return {"k": k, "block_size": block_size, "prompts": len(prompts), "max_new_tokens": max_new_tokens,
+            "tokens_per_second": med, "contiguous_over_paged": med["contiguous"] / med["paged"],
+            "same_outputs": same}
+
+
 def bench_main(args, out=print, err=None):
     """`python -m specdec_lab bench`: the table (unless --json), then the JSON document as the last line."""
     import json
@@ -637,7 +658,14 @@ def bench_main(args, out=print, err=None):
     torch.set_num_threads(args.threads or os.cpu_count())
     device = torch.device(args.device)
     dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if device.type == "cuda" else torch.float32)
-    if args.synthetic:
+    if getattr(args, "caches", False):
+        cfg = BenchConfig(**{**(QUICK if args.quick else {}), **_overrides(args)})
+        target, draft, _, _ = load_systems_models(args, device, dtype, False, err)
+        doc = compare_caches(target, draft, list(BENCH_PROMPTS[:cfg.num_prompts]), max_new_tokens=cfg.max_new_tokens)
+        text = (f"contiguous {doc['tokens_per_second']['contiguous']:.2f} vs paged "
+                f"{doc['tokens_per_second']['paged']:.2f} target tokens/s (K={doc['k']}, P={doc['block_size']}): "
+                f"contiguous / paged = {doc['contiguous_over_paged']:.3f}; same outputs: {doc['same_outputs']}")
+    elif args.synthetic:
         ks = _parse_list(args.ks, int, "--ks") if args.ks else tuple(range(1, 9))
         doc = run_synthetic(args.synthetic, device, dtype, ks, max_new_tokens=args.max_new_tokens or 128, log=err)
         text = format_synthetic(doc)

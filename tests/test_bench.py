@@ -11,6 +11,7 @@ import torch
 
 from specdec_lab import bench
 from specdec_lab.config import ModelConfig
+from specdec_lab.pair import tiny_model
 from specdec_lab.roofline import expected_speedup
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -215,3 +216,11 @@ def test_cli_refuses_synthetic_on_cpu_with_exit_code_2():
     proc = subprocess.run([sys.executable, "-m", "specdec_lab", "bench", "--synthetic", "llama3-8b", "--threads", "1"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "GPU-only" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_compare_caches_runs_both_caches_and_finds_the_same_outputs():
+    t = tiny_model(0)
+    d = tiny_model(1, dim=32, n_heads=2, n_kv_heads=1)
+    doc = bench.compare_caches(t, d, [[1, 2, 3], [4, 5]], k=3, max_new_tokens=12, block_size=4, reps=1)
+    assert doc["same_outputs"], "the paged cache changed the greedy output"
+    assert doc["contiguous_over_paged"] > 0 and set(doc["tokens_per_second"]) == {"contiguous", "paged"}
