@@ -13,7 +13,7 @@ p is always the target's distribution and q the draft's; alpha is the
 acceptance rate E[min(1, p/q)]; c is the cost of a draft forward relative to a
 target forward.
 """
-from .config import MAX_K, EngineConfig, ModelConfig, SamplingConfig
+from .config import MAX_K, ModelConfig, SamplingConfig
 from .engine import GenerationResult, SpeculativeEngine, autoregressive_generate
 from .kv_cache import KVCache
 from .metrics import RunStats, StepRecord
@@ -22,7 +22,7 @@ from .pair import ModelPair, default_draft_dir, load_default_pair, load_pair, ti
 from .verify import verify, verify_reference
 
 __all__ = [
-    "MAX_K", "EngineConfig", "ModelConfig", "SamplingConfig", "GenerationResult", "SpeculativeEngine",
+    "MAX_K", "ModelConfig", "SamplingConfig", "GenerationResult", "SpeculativeEngine",
     "autoregressive_generate", "KVCache", "RunStats", "StepRecord", "Transformer", "init_weights",
     "ModelPair", "default_draft_dir", "load_default_pair", "load_pair", "tiny_model", "verify",
     "verify_reference",

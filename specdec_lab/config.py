@@ -3,7 +3,7 @@
 Shape letters (DESIGN.md section 3): B batch, T new tokens, S cache capacity,
 L layers, H query heads, Hkv key/value heads, D head dim, V vocab.
 """
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 @dataclass
@@ -40,15 +40,7 @@ class ModelConfig:
 class SamplingConfig:
     temperature: float = 0.0  # 0 means greedy, its own path (no division by zero)
     top_k: int = 0  # 0 disables top-k
-    top_p: float = 1.0  # nucleus mass in (0, 1]; 1 disables it
-
-    def validate(self):
-        if not isinstance(self.temperature, (int, float)) or self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature!r}")
-        if not (0.0 < self.top_p <= 1.0):
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
-        if not isinstance(self.top_k, int) or self.top_k < 0:
-            raise ValueError(f"top_k must be an int >= 0, got {self.top_k!r}")
+    top_p: float = 1.0  # nucleus mass in (0, 1]; 1 disables it (sampling.check_sampling_args checks all three)
 
     @property
     def greedy(self) -> bool:
@@ -56,12 +48,3 @@ class SamplingConfig:
 
 
 MAX_K = 16  # largest draft length the engine accepts; beyond it acceptance^K is negligible
-
-
-@dataclass
-class EngineConfig:
-    k: int = 4  # draft tokens proposed per step (the paper's gamma)
-    cache: str = "contiguous"  # "contiguous" or "paged"
-    block_size: int = 16  # P, tokens per KV block for the paged cache
-    max_seq_len: int = 2048  # cache capacity S for prompt + generation + K+1 lookahead
-    extra: dict = field(default_factory=dict)  # reserved for drafter-specific settings
