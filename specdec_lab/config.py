@@ -1,4 +1,4 @@
-"""Plain configuration dataclasses: the model's shape, sampling, and the engine.
+"""Plain configuration dataclasses: the model's shape and the sampling settings.
 
 Shape letters (DESIGN.md section 3): B batch, T new tokens, S cache capacity,
 L layers, H query heads, Hkv key/value heads, D head dim, V vocab.
