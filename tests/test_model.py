@@ -18,7 +18,10 @@ from specdec_lab.model import Transformer, init_weights
 from specdec_lab.text import encode_prompt
 from specdec_lab.weights import build_model, config_from_hf, from_hf_state_dict
 
-TOL = 1e-4
+# Logits of the default target reach about 30 in magnitude; two float32 GEMMs that sum in a
+# different order (MKL's, oneDNN's packed one, transformers') differ by ~1e-4 there. A
+# conversion or layer bug shows up as 1e-2 or more.
+TOL = 2e-4
 LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 64}
 TEXT = ("Speculative decoding lets a small draft model propose several tokens, and the large target "
