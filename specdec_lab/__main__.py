@@ -86,6 +86,9 @@ def add_bench_parser(sub):
                         "Llama-3.2-1B draft); step costs, c, bandwidth fraction, syncs per step")
     b.add_argument("--caches", action="store_true",
                    help="only compare the contiguous and the paged KV cache on the same decode")
+    b.add_argument("--policies", action="store_true",
+                   help="only compare fixed K with the adaptive controllers on a chat-then-code workload "
+                        "(temperature 1.0 unless --temperatures; K from --ks, default 1,2,3,4,8)")
     b.add_argument("--json", action="store_true", help="print only the JSON document")
 
 

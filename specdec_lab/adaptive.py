@@ -94,22 +94,33 @@ class CostAwareController(_Controller):
     accepted / trials with trials = n + (1 if n < k else 0), here with both sums
     exponentially weighted (weight `decay` on the past) so alpha can drift.
     c: the draft's seconds per drafted token over the target's one-token forward time
-    (its step time divided by verify_cost[k] when that is given), both moving, unless a fixed `c` is given (e.g. from a roofline, or on a GPU
-    where host clocks without a device sync misplace the time).
-    The first `warmup` drafting steps run at k_start.
+    (its step time divided by verify_cost[k] when that is given), both moving, unless a
+    fixed `c` is given (e.g. from a roofline, or on a GPU where host clocks without a
+    device sync misplace the time).
+    The first `warmup` drafting steps run at k_start; see reset() for what carries over
+    from one request to the next.
     """
 
-    def __init__(self, k_min=1, k_max=8, k_start=4, decay=0.95, warmup=4, c=None, verify_cost=None):
+    def __init__(self, k_min=1, k_max=8, k_start=4, decay=0.95, warmup=4, c=None, verify_cost=None, carry=True):
         if c is not None and (isinstance(c, bool) or not isinstance(c, (int, float)) or not c >= 0 or math.isinf(c)):
             raise ValueError(f"c must be None (measure it) or a finite number >= 0, got {c!r}")
         if verify_cost is not None and not all(v > 0 for v in dict(verify_cost).values()):
             raise ValueError(f"verify_cost must map K to a positive cost, got {verify_cost!r}")
         # verify_cost[K]: a (K+1)-token target forward over a one-token one (acceptance.measure_verify_cost).
         # Where small-batch matmuls are slow (this project's CPU) it is well above the theorem's 1.
-        self.decay, self.fixed_c, self.verify_cost = decay, c, dict(verify_cost or {})
+        self.decay, self.fixed_c, self.verify_cost, self.carry = decay, c, dict(verify_cost or {}), carry
+        self._alpha = None
         super().__init__(k_min, k_max, k_start, warmup)
 
     def reset(self):
+        """The engine calls this at the start of every generation. With carry=True (the
+        default) the estimates of alpha and c, and the K they chose, carry over to the next
+        request: c is the machine's and changes little, and alpha moves with the moving
+        average as the new request's steps arrive. Only the history starts again. Without
+        it, every request starts cold at k_start for `warmup` drafting steps."""
+        if self.carry and self._alpha is not None and self._alpha.value is not None:
+            self.history = []
+            return
         super().reset()
         self._alpha = MovingRatio(self.decay)  # accepted / trials
         self._draft_per_token = MovingRatio(self.decay)  # draft seconds / drafted tokens

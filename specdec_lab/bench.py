@@ -198,8 +198,11 @@ class System:
     drafts: bool = False
 
 
-def make_systems(target, draft, ks, adaptive=True, hf_target=None, hf_draft=None, fixed_c=None) -> list:
-    """The systems in their table order. `fixed_c` pins the adaptive controller's c (CUDA)."""
+def make_systems(target, draft, ks, adaptive=True, hf_target=None, hf_draft=None, fixed_c=None,
+                 verify_cost=None) -> list:
+    """The systems in their table order. `fixed_c` pins the adaptive controller's c (CUDA);
+    `verify_cost` ({K: cost of a K+1-token forward over a one-token one}) is what it assumes
+    a verification costs."""
     eos = target.cfg.eos_token_ids
 
     def ar(ids, n, temperature, seed):
@@ -215,7 +218,7 @@ def make_systems(target, draft, ks, adaptive=True, hf_target=None, hf_draft=None
         systems.append(System(f"spec_k{k}", f"speculative, K={k}", spec, k=k, drafts=True))
     if adaptive:
         engine_a = SpeculativeEngine(target, draft, k=4)
-        engine_a.controller = CostAwareController(c=fixed_c)
+        engine_a.controller = CostAwareController(c=fixed_c, verify_cost=verify_cost)
 
         def spec_adaptive(ids, n, temperature, seed):
             res = engine_a.generate(ids, max_new_tokens=n, temperature=temperature, seed=seed)
@@ -393,7 +396,8 @@ def run_bench(target, draft, cfg: BenchConfig, hf_target=None, hf_draft=None, lo
     costs = measure_step_costs(target, draft, sorted(cfg.ks), context, cfg.cost_reps)
     fixed_c = costs.c if device.type == "cuda" else None  # host clocks misplace GPU time (adaptive.py)
     systems = make_systems(target, draft, cfg.ks, cfg.adaptive, hf_target if cfg.hf else None,
-                           hf_draft if cfg.hf else None, fixed_c)
+                           hf_draft if cfg.hf else None, fixed_c,
+                           {k: costs.verify_cost(k) for k in costs.verify})
     results, ar_all = [], Tally()
     for temperature in cfg.temperatures:
         tallies = run_systems(systems, prompt_ids, cfg, temperature, clock, log, probe)
@@ -648,6 +652,70 @@ def compare_caches(target, draft, prompts, k=4, max_new_tokens=64, block_size=16
             "same_outputs": same}
 
 
+# A workload whose acceptance changes: chat answers and code, alternating (DESIGN.md section 6).
+POLICY_WORKLOAD = (BENCH_PROMPTS[0], BENCH_PROMPTS[6], BENCH_PROMPTS[1], BENCH_PROMPTS[7])
+
+
+def compare_policies(target, draft, prompts=POLICY_WORKLOAD, ks=(1, 2, 3, 4, 8), temperature=1.0,
+                     max_new_tokens=64, reps=3, verify_cost=None, log=None) -> dict:
+    """Fixed K against the adaptive controllers on one workload served in order by one engine per
+    policy (a controller's estimates carry from request to request). Repetitions interleave the
+    policies, rotating who goes first; tokens/s is the median over repetitions of the workload's
+    generated tokens over its wall time. Request i runs with seed i under every policy."""
+    from .adaptive import ThresholdController
+    if verify_cost is None:
+        ctx = int(statistics.mean(len(encode_prompt(target.tokenizer, p)) for p in prompts) + max_new_tokens / 2)
+        costs = measure_step_costs(target, None, sorted(set(ks) | set(range(1, 9))), ctx, reps=10)
+        verify_cost = {k: costs.verify_cost(k) for k in costs.verify}
+    policies = {f"K={k}": (k, None) for k in ks}
+    k_start = min(max(ks), 4)
+    policies["cost-aware"] = (k_start, CostAwareController(k_min=min(ks), k_max=max(ks), k_start=k_start,
+                                                           verify_cost=verify_cost))
+    policies["threshold"] = (max(ks), ThresholdController(k_min=min(ks), k_max=max(ks)))
+    engines = {}
+    for name, (k, ctl) in policies.items():
+        engines[name] = SpeculativeEngine(target, draft, k=k)
+        engines[name].controller = ctl
+    clock = Clock(target.device)
+    for engine in engines.values():  # warm-up, untimed
+        engine.generate(prompts[0], max_new_tokens=8, temperature=temperature, seed=0)
+    rates, per_step, mean_k = ({n: [] for n in policies} for _ in range(3))
+    names = list(policies)
+    for rep in range(reps):
+        for name in names[rep % len(names):] + names[:rep % len(names)]:
+            engine, t0, tokens, steps, drafted = engines[name], clock(), 0, 0, 0
+            for i, prompt in enumerate(prompts):
+                res = engine.generate(prompt, max_new_tokens=max_new_tokens, temperature=temperature, seed=i)
+                tokens, steps, drafted = tokens + res.stats.new_tokens, steps + res.stats.steps, drafted + res.stats.drafted
+            rates[name].append(tokens / (clock() - t0))
+            per_step[name].append(tokens / steps)
+            mean_k[name].append(drafted / steps)
+        if log:
+            log(f"policies: repetition {rep + 1}/{reps} done")
+    med = {n: statistics.median(v) for n, v in rates.items()}
+    fixed = {n: v for n, v in med.items() if n.startswith("K=")}
+    best = max(fixed, key=fixed.get)
+    return {"temperature": temperature, "max_new_tokens": max_new_tokens, "reps": reps, "prompts": list(prompts),
+            "verify_cost": verify_cost, "tokens_per_second": med,
+            "tokens_per_step": {n: statistics.median(v) for n, v in per_step.items()},
+            "mean_k": {n: statistics.median(v) for n, v in mean_k.items()},
+            "best_fixed": best, "cost_aware_vs_best_fixed": med["cost-aware"] / fixed[best],
+            "cost_aware_vs_k_max": med["cost-aware"] / med[f"K={max(ks)}"],
+            "threshold_vs_best_fixed": med["threshold"] / fixed[best]}
+
+
+def format_policies(doc) -> str:
+    lines = [f"workload: {len(doc['prompts'])} requests in order, temperature {doc['temperature']:g}, "
+             f"{doc['max_new_tokens']} new tokens each; median of {doc['reps']} interleaved repetitions",
+             f"{'policy':12s} {'tokens/s':>9s} {'tok/step':>9s} {'mean K':>7s}"]
+    for n, v in doc["tokens_per_second"].items():
+        lines.append(f"{n:12s} {v:9.2f} {doc['tokens_per_step'][n]:9.2f} {doc['mean_k'][n]:7.2f}")
+    lines.append(f"cost-aware / best fixed ({doc['best_fixed']}) = {doc['cost_aware_vs_best_fixed']:.3f}; "
+                 f"cost-aware / K={max(int(n[2:]) for n in doc['tokens_per_second'] if n.startswith('K='))} = "
+                 f"{doc['cost_aware_vs_k_max']:.2f}; threshold / best fixed = {doc['threshold_vs_best_fixed']:.3f}")
+    return "\n".join(lines)
+
+
 def bench_main(args, out=print, err=None):
     """`python -m specdec_lab bench`: the table (unless --json), then the JSON document as the last line."""
     import json
@@ -665,6 +733,15 @@ def bench_main(args, out=print, err=None):
         text = (f"contiguous {doc['tokens_per_second']['contiguous']:.2f} vs paged "
                 f"{doc['tokens_per_second']['paged']:.2f} target tokens/s (K={doc['k']}, P={doc['block_size']}): "
                 f"contiguous / paged = {doc['contiguous_over_paged']:.3f}; same outputs: {doc['same_outputs']}")
+    elif getattr(args, "policies", False):
+        cfg = BenchConfig(**{**(QUICK if args.quick else {}), **_overrides(args)})
+        target, draft, _, _ = load_systems_models(args, device, dtype, False, err)
+        temps = _parse_list(args.temperatures, float, "--temperatures") if args.temperatures else (1.0,)
+        ks = _parse_list(args.ks, int, "--ks") if args.ks else (1, 2, 3, 4, 8)
+        doc = compare_policies(target, draft, ks=ks, temperature=temps[0],
+                               max_new_tokens=args.max_new_tokens or (16 if args.quick else 64),
+                               reps=1 if args.quick else 3, log=err)
+        text = format_policies(doc)
     elif args.synthetic:
         ks = _parse_list(args.ks, int, "--ks") if args.ks else tuple(range(1, 9))
         doc = run_synthetic(args.synthetic, device, dtype, ks, max_new_tokens=args.max_new_tokens or 128, log=err)

@@ -121,6 +121,34 @@ def test_cost_aware_keeps_k_start_during_warmup_and_ignores_plain_steps():
     assert ctl.history == [3, 3, 3, 8]
 
 
+def test_cost_aware_carries_its_estimates_to_the_next_request_unless_told_not_to():
+    warm = CostAwareController(k_min=1, k_max=8, k_start=2, warmup=1, c=0.1)
+    cold = CostAwareController(k_min=1, k_max=8, k_start=2, warmup=1, c=0.1, carry=False)
+    for ctl in (warm, cold):
+        ctl.next_k()
+        ctl.update(rec(2, 2))
+        assert ctl.next_k() == 8  # alpha = 1 so far: draft as far as allowed
+        ctl.reset()  # what the engine does when the next generation starts
+    assert warm.alpha == 1.0 and warm.history == [] and warm.next_k() == 8, "a new request starts where the last ended"
+    assert cold.alpha is None and cold.history == [] and cold.next_k() == 2, "carry=False starts cold at k_start"
+
+
+def test_cost_aware_weighs_the_measured_verification_cost():
+    # At alpha = 0.5 and c = 0.05, K = 4 wins when verification is free; if a 5-token pass costs
+    # 3x a one-token pass and a 2-token pass 1.1x, K = 1 wins.
+    free = CostAwareController(k_min=1, k_max=4, k_start=4, warmup=1, c=0.05)
+    costly = CostAwareController(k_min=1, k_max=4, k_start=4, warmup=1, c=0.05,
+                                 verify_cost={1: 1.1, 2: 2.0, 3: 2.5, 4: 3.0})
+    for ctl in (free, costly):
+        for n in (2, 1, 4, 0):
+            ctl.next_k()
+            ctl.update(rec(4, n, draft_s=0.05 * 4, target_s=1.0))
+    assert free.alpha == costly.alpha
+    assert free.next_k() == optimal_k(free.alpha, 0.05, 1, 4)
+    assert costly.next_k() == optimal_k(costly.alpha, 0.05, 1, 4, costly.verify_cost) == 1
+    assert free.k > costly.k
+
+
 def test_cost_aware_measures_c_from_draft_and_target_seconds():
     ctl = CostAwareController(decay=1.0, warmup=0)
     ctl.update(rec(4, 1, draft_s=0.004, target_s=0.02))  # 1 ms per draft token, 20 ms per target step

@@ -224,3 +224,18 @@ def test_compare_caches_runs_both_caches_and_finds_the_same_outputs():
     doc = bench.compare_caches(t, d, [[1, 2, 3], [4, 5]], k=3, max_new_tokens=12, block_size=4, reps=1)
     assert doc["same_outputs"], "the paged cache changed the greedy output"
     assert doc["contiguous_over_paged"] > 0 and set(doc["tokens_per_second"]) == {"contiguous", "paged"}
+
+
+def test_compare_policies_times_every_policy_and_reports_the_ratios():
+    t = tiny_model(0)
+    d = tiny_model(1, dim=32, n_heads=2, n_kv_heads=1)
+    doc = bench.compare_policies(t, d, prompts=([1, 2, 3], [4, 5]), ks=(1, 3), temperature=1.0,
+                                 max_new_tokens=10, reps=2, verify_cost={1: 1.0, 2: 1.0, 3: 1.0})
+    assert set(doc["tokens_per_second"]) == {"K=1", "K=3", "cost-aware", "threshold"}
+    assert all(v > 0 for v in doc["tokens_per_second"].values())
+    rate = doc["tokens_per_second"]
+    assert doc["best_fixed"] == max(("K=1", "K=3"), key=rate.get)
+    assert doc["cost_aware_vs_best_fixed"] == pytest.approx(rate["cost-aware"] / rate[doc["best_fixed"]])
+    assert doc["cost_aware_vs_k_max"] == pytest.approx(rate["cost-aware"] / rate["K=3"])
+    assert doc["mean_k"]["K=1"] <= 1 and doc["mean_k"]["K=3"] <= 3
+    assert "cost-aware / best fixed" in bench.format_policies(doc)
