@@ -42,7 +42,8 @@ def cmd_generate(args):
 def cmd_distill(args):
     from .distill import distill_main
     out, curve = distill_main(budget=args.budget, out_dir=args.out, data_dir=args.data_dir, work_dir=args.work_dir,
-                              data_dirs_extra=args.extra_data_dir, data_minutes=args.data_minutes, steps=args.steps)
+                              data_dirs_extra=args.extra_data_dir, data_minutes=args.data_minutes, steps=args.steps,
+                              init_from=args.init_from, lr=args.lr)
     print(f"draft saved to {out}; held-out greedy alpha {curve[-1][1]:.3f}" if curve else f"draft saved to {out}")
 
 
@@ -116,6 +117,9 @@ def main(argv=None):
     d.add_argument("--data-minutes", type=float, help="stop generating data after this long, then train")
     d.add_argument("--steps", type=int, help="override the budget's optimizer steps")
     d.add_argument("--work-dir", help="checkpoints and logs (default: in the cache); a rerun resumes from it")
+    d.add_argument("--init-from", help="start from these weights (a ckpt.pt or a draft folder) with a fresh "
+                                       "optimizer and schedule: a second phase on more data")
+    d.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (default 3e-3)")
     a = sub.add_parser("acceptance", help="alpha, tokens per step at K = 1..8, and c on held-out prompts")
     a.add_argument("--num-prompts", type=int, default=12)
     a.add_argument("--max-new-tokens", type=int, default=64)

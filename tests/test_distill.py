@@ -2,8 +2,8 @@
 import torch
 
 import specdec_lab as sl
-from specdec_lab.distill import (draft_config, generate_data, held_out_agreement, kl_loss,
-                                 load_shards, save_draft, train_draft)
+from specdec_lab.distill import (ShardData, draft_config, generate_data, held_out_agreement, kl_loss,
+                                 load_draft_weights, load_shards, save_draft, train_draft)
 from specdec_lab.model import Transformer, init_weights
 
 
@@ -60,6 +60,41 @@ def test_training_a_tiny_draft_raises_held_out_alpha(tmp_path):
     after = held_out_agreement(draft, held)
     assert after > before + 0.15, f"held-out alpha did not rise: {before:.3f} -> {after:.3f}"
     assert curve and curve[-1][1] == after
+
+
+def test_shard_data_picks_up_shards_written_after_it_was_made(tmp_path):
+    target = _tiny_target()
+    prompts = [[1, 2, 3], [4, 5], [6, 7, 8], [9, 10]]
+    generate_data(target, None, tmp_path, rounds=(0.0,), batch_size=2, max_new_tokens=6, prompts=prompts[:2],
+                  progress=False)
+    data = ShardData([tmp_path], held_idx={1})
+    assert len(data.train()) == 1 and len(data.split()[1]) == 1
+    (tmp_path / "round0_0001.pt.partial").write_bytes(b"half-written")  # never read
+    generate_data(target, None, tmp_path / "more", rounds=(0.0,), batch_size=2, max_new_tokens=6,
+                  prompts=prompts[2:], progress=False)
+    (tmp_path / "more" / "round0_0000.pt").rename(tmp_path / "round0_0001.pt")
+    train, held = data.split()
+    assert len(train) + len(held) == 4, "a shard that lands between epochs must join the training data"
+
+
+def test_a_warm_start_continues_the_weights_and_the_curve(tmp_path):
+    torch.manual_seed(0)
+    target = _bigram_target()
+    prompts = [[i % 40, (3 * i) % 40, (7 * i) % 40] for i in range(30)]
+    generate_data(target, None, tmp_path / "data", rounds=(0.0,), batch_size=10, max_new_tokens=16,
+                  prompts=prompts, top_k_store=16, progress=False)
+    train, held = load_shards(tmp_path / "data", set(range(25, 30)))
+    cfg = draft_config(target.cfg, dim=32, n_layers=1, n_heads=2, n_kv_heads=1, intermediate_size=64)
+    first, curve1 = train_draft(init_weights(Transformer(cfg), seed=1), train, held, out_dir=tmp_path / "p1",
+                                epochs=4, lr=1e-2, max_tokens=256, eval_every=5, progress=False)
+    second = init_weights(Transformer(cfg), seed=7)
+    history = load_draft_weights(second, tmp_path / "p1" / "ckpt.pt")
+    x = torch.tensor([[1, 2, 3, 4]])
+    assert torch.allclose(second.eval()(x), first(x)), "the warm start must load the checkpoint's weights"
+    _, curve2 = train_draft(second, train, held, out_dir=tmp_path / "p2", total_steps=5, lr=1e-3,
+                            max_tokens=256, eval_every=5, progress=False, history=history)
+    assert curve2[:len(curve1)] == curve1 and len(curve2) == len(curve1) + 1
+    assert curve2[-1][0] > curve1[-1][0], "answer tokens seen keep counting from the first phase"
 
 
 def test_saved_draft_loads_in_the_project_decoder_with_the_same_logits(tmp_path):
