@@ -20,6 +20,8 @@ def cmd_generate(args):
     import specdec_lab as sl
     from .pair import load_model_cached
     from .assets import ensure_default_target
+    if args.compare:
+        return compare_generate(args)
     if args.k == 0:
         target = load_model_cached(args.target or ensure_default_target(), args.device)
         res = sl.autoregressive_generate(target, args.prompt, max_new_tokens=args.max_new_tokens,
@@ -37,6 +39,50 @@ def cmd_generate(args):
         print(f"\n[{s.new_tokens} tokens in {s.seconds:.2f} s: {s.tokens_per_second:.1f} tokens/s, "
               f"{s.mean_tokens_per_step:.2f} tokens/step, acceptance {s.acceptance_rate:.2f}, "
               f"{s.syncs_per_step:.1f} host syncs/step]", file=sys.stderr)
+
+
+def compare_generate(args):
+    """--compare: the autoregressive baseline and speculative decoding at --k, in turn, --reps times."""
+    import statistics
+    import specdec_lab as sl
+    if args.k < 1:
+        raise ValueError(f"--compare needs a draft length --k >= 1, got {args.k}")
+    if args.reps < 1:
+        raise ValueError(f"--reps must be >= 1, got {args.reps}")
+    pair = sl.load_pair(args.target, args.draft, args.device) if args.target else sl.load_default_pair(args.device)
+    engine = sl.SpeculativeEngine(pair.target, pair.draft, k=args.k)
+    kw = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p, seed=args.seed)
+
+    def ar():
+        return sl.autoregressive_generate(pair.target, args.prompt, **kw)
+
+    def spec():
+        return engine.generate(args.prompt, **kw)
+
+    ar(), spec()  # warm-up
+    rates = {"autoregressive": [], f"speculative K={args.k}": []}
+    for rep in range(args.reps):
+        runs = [("autoregressive", ar), (f"speculative K={args.k}", spec)]
+        for name, fn in runs if rep % 2 == 0 else runs[::-1]:  # alternate who goes first
+            res = fn()
+            rates[name].append(res.stats.new_tokens / res.stats.seconds)
+            if name == "autoregressive":
+                base = res
+            else:
+                last = res
+    med = {n: statistics.median(v) for n, v in rates.items()}
+    ratio = med[f"speculative K={args.k}"] / med["autoregressive"]
+    doc = {"k": args.k, "reps": args.reps, "tokens_per_second": med, "speculative_over_autoregressive": ratio,
+           "tokens_per_step": last.stats.mean_tokens_per_step, "acceptance_rate": last.stats.acceptance_rate,
+           "same_output": last.tokens == base.tokens}
+    if args.json:
+        print(json.dumps(doc))
+        return
+    print(last.text)
+    print(f"\n[median of {args.reps} alternating runs, {len(last.tokens)} tokens each: autoregressive "
+          f"{med['autoregressive']:.1f} tokens/s, speculative K={args.k} {med[f'speculative K={args.k}']:.1f} "
+          f"tokens/s = {ratio:.2f}x; {last.stats.mean_tokens_per_step:.2f} tokens/step; "
+          f"same output: {doc['same_output']}]", file=sys.stderr)
 
 
 def cmd_distill(args):
@@ -108,6 +154,9 @@ def main(argv=None):
     g.add_argument("--draft", help="hub id or folder of the draft (default: the shipped draft)")
     g.add_argument("--device", default="cpu")
     g.add_argument("--json", action="store_true", help="print one JSON document")
+    g.add_argument("--compare", action="store_true",
+                   help="also run the autoregressive baseline, alternating with --k, and print the speed ratio")
+    g.add_argument("--reps", type=int, default=3, help="with --compare: runs of each (default 3)")
     d = sub.add_parser("distill", help="distill a draft for the default target (resumable)")
     d.add_argument("--budget", choices=["tiny", "full"], default="full",
                    help="tiny finishes in minutes (a smoke test); full takes hours on 2 CPU cores")

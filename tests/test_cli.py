@@ -42,3 +42,17 @@ def test_empty_prompt_exits_with_code_2_and_names_the_prompt():
 def test_missing_prompt_is_a_usage_error():
     proc = run_cli("generate")
     assert proc.returncode == 2 and "--prompt" in proc.stderr
+
+
+@pytest.mark.slow
+def test_generate_compare_times_both_and_reports_their_ratio_with_the_same_greedy_output():
+    proc = run_cli("generate", "--prompt", PROMPT, "--k", "2", "--compare", "--reps", "1",
+                   "--max-new-tokens", "8", "--json")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    doc = json.loads(proc.stdout)
+    rates = doc["tokens_per_second"]
+    assert set(rates) == {"autoregressive", "speculative K=2"} and all(v > 0 for v in rates.values())
+    assert doc["speculative_over_autoregressive"] == pytest.approx(rates["speculative K=2"] / rates["autoregressive"])
+    assert doc["same_output"] is True, "greedy speculative decoding must reproduce the baseline"
+    bad = run_cli("generate", "--prompt", PROMPT, "--k", "0", "--compare")
+    assert bad.returncode == 2 and "--k" in bad.stderr
