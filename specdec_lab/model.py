@@ -38,7 +38,7 @@ _PACK_ROWS_HINT = 5  # the row count oneDNN tunes the layout for; it serves any 
 
 def _can_pack(w: torch.Tensor) -> bool:
     return (w.device.type == "cpu" and w.dtype in (torch.float32, torch.bfloat16)
-            and torch.backends.mkldnn.is_available())
+            and torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
 
 
 class Linear(nn.Module):
@@ -70,7 +70,7 @@ class Linear(nn.Module):
 
     def forward(self, x):
         w = self.weight
-        rows = x.numel() // x.shape[-1]
+        rows = x.numel() // max(x.shape[-1], 1)
         if (PACKED_MATMUL and (rows > 1 or w.dtype == torch.bfloat16) and _can_pack(w) and x.dtype == w.dtype
                 and not (w.requires_grad and torch.is_grad_enabled())):
             bias = None if self.bias is None else self.bias.detach()

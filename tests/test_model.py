@@ -247,3 +247,27 @@ def _tiny_cfg():
     from specdec_lab.config import ModelConfig
     return ModelConfig(vocab_size=97, dim=96, n_layers=2, n_heads=6, n_kv_heads=2, head_dim=16,
                        intermediate_size=192, max_seq_len=256)
+
+
+def test_linear_packed_product_equals_the_plain_one_and_follows_weight_changes():
+    from specdec_lab import model as model_module
+    from specdec_lab.model import Linear
+    torch.manual_seed(0)
+    lin = Linear(64, 96)
+    torch.nn.init.normal_(lin.weight)
+    x = torch.randn(2, 5, 64)  # several rows: the packed kernel
+    with torch.no_grad():
+        assert torch.allclose(lin(x), x @ lin.weight, atol=1e-5)
+        first = lin._packed
+        assert first is not None, "a multi-row product must go through the packed copy"
+        lin.weight.mul_(-1)  # an in-place change (an optimizer step, load_state_dict) must be seen
+        assert torch.allclose(lin(x), x @ lin.weight, atol=1e-5), "a stale packed copy was used"
+        assert lin._packed is not first
+        model_module.PACKED_MATMUL = False
+        try:
+            assert torch.equal(lin(x), x @ lin.weight), "with the switch off the plain product runs"
+        finally:
+            model_module.PACKED_MATMUL = True
+    y = lin(x).sum()  # grad enabled and W trainable: the plain product, which has a backward
+    y.backward()
+    assert lin.weight.grad is not None and torch.allclose(lin.weight.grad, x.reshape(-1, 64).sum(0)[:, None].expand(64, 96))
