@@ -413,7 +413,9 @@ def run_bench(target, draft, cfg: BenchConfig, hf_target=None, hf_draft=None, lo
         ar_all.outputs += ar.outputs
     rf = roofline_report(target, ar_all, prompt_ids, bandwidth, source, probe.samples)
     del probe
+    from datetime import datetime, timezone
     return {
+        "measured_at": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "config": asdict(cfg),
         "machine": {"device": str(device), "device_name": _device_name(device),
                     "threads": torch.get_num_threads(), "dtype": str(target.dtype).replace("torch.", "")},
