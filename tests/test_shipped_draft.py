@@ -9,9 +9,10 @@ from specdec_lab.prompts import distill_prompts, split_prompts
 
 pytestmark = pytest.mark.slow
 
-# Greedy alpha on these three held-out prompts (32 new tokens) was 0.375 when the draft was
-# shipped; the floor leaves a margin for other hardware. A retrained draft must not fall below it.
-ALPHA_FLOOR = 0.30
+# Greedy alpha on these three held-out prompts (32 new tokens) was 0.448 when the draft was
+# shipped (0.375 for the draft before it); the floor leaves a margin for other hardware.
+# A retrained draft must not fall below it.
+ALPHA_FLOOR = 0.38
 
 
 @pytest.fixture(scope="module")
