@@ -136,6 +136,9 @@ def add_bench_parser(sub):
     b.add_argument("--policies", action="store_true",
                    help="only compare fixed K with the adaptive controllers on a chat-then-code workload "
                         "(temperature 1.0 unless --temperatures; K from --ks, default 1,2,3,4,8)")
+    b.add_argument("--profile", action="store_true",
+                   help="only profile an autoregressive decode token: matrix products against the rest, "
+                        "and the products' weight-streaming rate against the read bandwidth")
     b.add_argument("--json", action="store_true", help="print only the JSON document")
 
 

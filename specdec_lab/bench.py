@@ -654,6 +654,47 @@ def compare_caches(target, draft, prompts, k=4, max_new_tokens=64, block_size=16
             "same_outputs": same}
 
 
+@torch.no_grad()
+def profile_decode(target, context=100, steps=30, bandwidth=None) -> dict:
+    """Where one autoregressive decode token's time goes: torch.profiler over `steps` one-token
+    forwards at `context` cached positions, split into matrix products (aten::mm, addmm and
+    oneDNN's linear) and everything else, and the rate at which the products stream the weights
+    against the machine's read bandwidth."""
+    from torch.profiler import ProfilerActivity, profile
+    from .kv_cache import KVCache
+    device = target.device
+    cache = KVCache.for_model(target.cfg, context + 8, dtype=target.dtype, device=device)
+    target(torch.randint(0, target.cfg.vocab_size, (1, context), device=device), cache=cache)
+    tok = torch.zeros(1, 1, dtype=torch.long, device=device)
+    for _ in range(3):  # warm-up
+        target(tok, cache=cache, last_only=True)
+        cache.rollback(context)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            target(tok, cache=cache, last_only=True)
+            cache.rollback(context)
+    events = prof.key_averages()
+    total = sum(e.self_cpu_time_total for e in events) / steps / 1e6  # seconds per token
+    products = sum(e.self_cpu_time_total for e in events
+                   if e.key in ("aten::mm", "aten::addmm", "mkldnn::_linear_pointwise")) / steps / 1e6
+    weight_bytes = streamed_weight_bytes(target.cfg, target.dtype.itemsize)
+    bandwidth = bandwidth or machine_bandwidth(device)[0]
+    return {"context": context, "steps": steps, "seconds_per_token": total, "product_seconds": products,
+            "other_seconds": total - products, "product_share": products / total if total else 0.0,
+            "weight_bytes": weight_bytes, "product_bytes_per_s": weight_bytes / products if products else 0.0,
+            "bandwidth_bytes_per_s": bandwidth,
+            "product_fraction_of_bandwidth": weight_bytes / products / bandwidth if products else 0.0}
+
+
+def format_profile(doc) -> str:
+    return (f"decode token at {doc['context']} cached positions ({doc['steps']} steps under torch.profiler): "
+            f"{doc['seconds_per_token'] * 1e3:.1f} ms; matrix products {doc['product_seconds'] * 1e3:.1f} ms "
+            f"({doc['product_share']:.0%}), everything else {doc['other_seconds'] * 1e3:.1f} ms\n"
+            f"the products stream {doc['weight_bytes'] / 1e6:.0f} MB of weights at "
+            f"{doc['product_bytes_per_s'] / 1e9:.1f} GB/s = {doc['product_fraction_of_bandwidth']:.0%} of the "
+            f"measured read bandwidth ({doc['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s)")
+
+
 # A workload whose acceptance changes: chat answers and code, alternating (DESIGN.md section 6).
 POLICY_WORKLOAD = (BENCH_PROMPTS[0], BENCH_PROMPTS[6], BENCH_PROMPTS[1], BENCH_PROMPTS[7])
 
@@ -735,6 +776,10 @@ def bench_main(args, out=print, err=None):
         text = (f"contiguous {doc['tokens_per_second']['contiguous']:.2f} vs paged "
                 f"{doc['tokens_per_second']['paged']:.2f} target tokens/s (K={doc['k']}, P={doc['block_size']}): "
                 f"contiguous / paged = {doc['contiguous_over_paged']:.3f}; same outputs: {doc['same_outputs']}")
+    elif getattr(args, "profile", False):
+        target, _, _, _ = load_systems_models(args, device, dtype, False, err)
+        doc = profile_decode(target)
+        text = format_profile(doc)
     elif getattr(args, "policies", False):
         cfg = BenchConfig(**{**(QUICK if args.quick else {}), **_overrides(args)})
         target, draft, _, _ = load_systems_models(args, device, dtype, False, err)

@@ -239,3 +239,13 @@ def test_compare_policies_times_every_policy_and_reports_the_ratios():
     assert doc["cost_aware_vs_k_max"] == pytest.approx(rate["cost-aware"] / rate["K=3"])
     assert doc["mean_k"]["K=1"] <= 1 and doc["mean_k"]["K=3"] <= 3
     assert "cost-aware / best fixed" in bench.format_policies(doc)
+
+
+def test_profile_decode_splits_a_token_into_products_and_the_rest():
+    t = tiny_model(0)
+    doc = bench.profile_decode(t, context=8, steps=3, bandwidth=1e10)
+    assert doc["seconds_per_token"] > 0 and 0 < doc["product_share"] <= 1
+    assert doc["product_seconds"] + doc["other_seconds"] == pytest.approx(doc["seconds_per_token"])
+    assert doc["weight_bytes"] == bench.streamed_weight_bytes(t.cfg, 4)
+    assert doc["product_fraction_of_bandwidth"] == pytest.approx(doc["product_bytes_per_s"] / 1e10)
+    assert "matrix products" in bench.format_profile(doc)
