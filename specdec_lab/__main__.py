@@ -6,9 +6,9 @@ import sys
 
 def _pair(args):
     import specdec_lab as sl
-    if getattr(args, "target", None):
-        return sl.load_pair(args.target, args.draft, device=args.device) if args.draft else None
-    return sl.load_default_pair(device=args.device)
+    if args.target:
+        return sl.load_pair(args.target, args.draft, args.device)
+    return sl.load_default_pair(args.device)
 
 
 def cmd_fetch(args):
@@ -27,7 +27,7 @@ def cmd_generate(args):
         res = sl.autoregressive_generate(target, args.prompt, max_new_tokens=args.max_new_tokens,
                                          temperature=args.temperature, top_p=args.top_p, seed=args.seed)
     else:
-        pair = sl.load_pair(args.target, args.draft, args.device) if args.target else sl.load_default_pair(args.device)
+        pair = _pair(args)
         engine = sl.SpeculativeEngine(pair.target, pair.draft, k=args.k)
         res = engine.generate(args.prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                               top_p=args.top_p, seed=args.seed)
@@ -49,7 +49,7 @@ def compare_generate(args):
         raise ValueError(f"--compare needs a draft length --k >= 1, got {args.k}")
     if args.reps < 1:
         raise ValueError(f"--reps must be >= 1, got {args.reps}")
-    pair = sl.load_pair(args.target, args.draft, args.device) if args.target else sl.load_default_pair(args.device)
+    pair = _pair(args)
     engine = sl.SpeculativeEngine(pair.target, pair.draft, k=args.k)
     kw = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p, seed=args.seed)
 

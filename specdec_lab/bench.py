@@ -708,7 +708,7 @@ def compare_policies(target, draft, prompts=POLICY_WORKLOAD, ks=(1, 2, 3, 4, 8),
     from .adaptive import ThresholdController
     if verify_cost is None:
         ctx = int(statistics.mean(len(encode_prompt(target.tokenizer, p)) for p in prompts) + max_new_tokens / 2)
-        costs = measure_step_costs(target, None, sorted(set(ks) | set(range(1, 9))), ctx, reps=10)
+        costs = measure_step_costs(target, None, range(min(ks), max(ks) + 1), ctx, reps=10)  # every K it may pick
         verify_cost = {k: costs.verify_cost(k) for k in costs.verify}
     policies = {f"K={k}": (k, None) for k in ks}
     k_start = min(max(ks), 4)

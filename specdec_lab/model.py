@@ -36,9 +36,11 @@ PACKED_MATMUL = True
 _PACK_ROWS_HINT = 5  # the row count oneDNN tunes the layout for; it serves any row count
 
 
+_HAVE_PACKING = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+
+
 def _can_pack(w: torch.Tensor) -> bool:
-    return (w.device.type == "cpu" and w.dtype in (torch.float32, torch.bfloat16)
-            and torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
+    return _HAVE_PACKING and w.device.type == "cpu" and w.dtype in (torch.float32, torch.bfloat16)
 
 
 class Linear(nn.Module):
