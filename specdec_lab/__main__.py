@@ -89,7 +89,7 @@ def cmd_distill(args):
     from .distill import distill_main
     out, curve = distill_main(budget=args.budget, out_dir=args.out, data_dir=args.data_dir, work_dir=args.work_dir,
                               data_dirs_extra=args.extra_data_dir, data_minutes=args.data_minutes, steps=args.steps,
-                              init_from=args.init_from, lr=args.lr)
+                              init_from=args.init_from, lr=args.lr, task_data_dir=args.task_data_dir)
     print(f"draft saved to {out}; held-out greedy alpha {curve[-1][1]:.3f}" if curve else f"draft saved to {out}")
 
 
@@ -166,6 +166,8 @@ def main(argv=None):
     d.add_argument("--out", help="output folder (default: specdec_lab/draft for full)")
     d.add_argument("--data-dir", help="where the target's answers are stored (default: in the cache)")
     d.add_argument("--extra-data-dir", action="append", default=[], help="more shards of answers to add")
+    d.add_argument("--task-data-dir", help="also answer the task set (prompts.task_prompts) into this folder "
+                                           "and train on it")
     d.add_argument("--data-minutes", type=float, help="stop generating data after this long, then train")
     d.add_argument("--steps", type=int, help="override the budget's optimizer steps")
     d.add_argument("--work-dir", help="checkpoints and logs (default: in the cache); a rerun resumes from it")

@@ -21,7 +21,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .kv_cache import KVCache
-from .prompts import distill_prompts
+from .prompts import distill_prompts, task_prompts
 from .sampling import logits_to_probs, make_generator, sample
 from .text import encode_prompt
 
@@ -110,15 +110,17 @@ def generate_data(target, tokenizer, out_dir, rounds=(0.7, 0.0, 1.0), batch_size
 
 # ----------------------------------------------------------------------------- training
 
-def load_shards(data_dir, held_out: set):
-    """(train, held) lists of examples (prompt_ids, answer_ids, top_ids, top_logprobs, temperature)."""
+def load_shards(data_dir, held_out):
+    """(train, held) lists of examples (prompt_ids, answer_ids, top_ids, top_logprobs, temperature).
+    held_out: the held-out prompt indices, a set or a predicate."""
+    held_out = held_out if callable(held_out) else held_out.__contains__
     train, held = [], []
     for path in sorted(Path(data_dir).glob("round*.pt")):
         shard = torch.load(path)
         for j, idx in enumerate(shard["prompt_index"]):
             ex = (shard["prompt_ids"][j].long(), shard["answer_ids"][j].long(), shard["top_ids"][j].long(),
                   shard["top_logprobs"][j].float(), shard["temperature"])
-            (held if idx in held_out else train).append(ex)
+            (held if held_out(idx) else train).append(ex)
     return train, held
 
 
@@ -317,6 +319,13 @@ BUDGETS = {
     "full": dict(num_prompts=None, rounds=(0.7, 0.0, 1.0, 0.7, 0.0, 1.0), max_new_tokens=256, steps=750,
                  n_layers=4, eval_every=50),
 }
+# The task set (prompts.task_prompts): shorter answers, one greedy pass and three sampled ones.
+TASK_DATA = dict(rounds=(0.0, 0.7, 1.0, 0.7), max_new_tokens=128, seed=200)
+
+
+def is_held_out(prompt_index: int) -> bool:
+    """Every 10th prompt of each set is held out (prompts.split_prompts)."""
+    return prompt_index % 10 == 9
 
 CARD = """# specdec_lab draft for SmolLM2-135M-Instruct
 
@@ -388,11 +397,13 @@ def load_draft_weights(draft, source):
 
 
 def distill_main(budget="full", out_dir=None, data_dir=None, work_dir=None, dtype_data="bfloat16",
-                 data_dirs_extra=(), progress=True, data_minutes=None, steps=None, init_from=None, lr=3e-3):
+                 data_dirs_extra=(), progress=True, data_minutes=None, steps=None, init_from=None, lr=3e-3,
+                 task_data_dir=None):
     """The whole recipe: target answers -> KL training -> Hugging Face folder with a model card.
     Data generation and training both resume where a previous run stopped. `init_from`
     (a checkpoint or a draft folder) starts training from those weights with a fresh
-    optimizer and schedule: a second phase on more data."""
+    optimizer and schedule: a second phase on more data. `task_data_dir` adds the target's
+    answers to the task set (prompts.task_prompts, TASK_DATA), generated there first."""
     from .assets import cache_dir, ensure_default_target
     from .pair import default_draft_dir
     from .weights import load_model
@@ -404,9 +415,13 @@ def distill_main(budget="full", out_dir=None, data_dir=None, work_dir=None, dtyp
     data = Path(data_dir or work / "data")
     generate_data(target, tok, data, rounds=cfg_b["rounds"], batch_size=32, max_new_tokens=cfg_b["max_new_tokens"],
                   seed=100, prompts=prompts, progress=progress, max_minutes=data_minutes)
+    if task_data_dir is not None:
+        generate_data(target, tok, task_data_dir, rounds=TASK_DATA["rounds"], batch_size=32,
+                      max_new_tokens=TASK_DATA["max_new_tokens"], seed=TASK_DATA["seed"], prompts=task_prompts(),
+                      progress=progress, max_minutes=data_minutes)
+        data_dirs_extra = [*data_dirs_extra, task_data_dir]
     del target
-    held_idx = {i for i in range(len(prompts)) if i % 10 == 9}
-    shards = ShardData([data, *data_dirs_extra], held_idx)  # more answers to the same prompts, same split
+    shards = ShardData([data, *data_dirs_extra], is_held_out)
     _, held = shards.split()
     target_fp32, _ = load_model(ensure_default_target())
     draft = init_draft(target_fp32, draft_config(target_fp32.cfg, n_layers=cfg_b["n_layers"]))

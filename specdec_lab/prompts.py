@@ -166,3 +166,142 @@ BENCH_PROMPTS = [
     "Sort these words alphabetically: zebra, mango, apple, kiwi, banana, lemon.",
     "Remove the duplicates from this list: cat, dog, cat, bird, dog, fish, bird.",
 ]
+
+
+# ----------------------------------------------------------------------------- task prompts
+# A second distillation set, built procedurally from the kinds of request the benchmark
+# makes (everyday questions, small code tasks, summaries of a given text, list edits)
+# so that the draft sees those shapes of answer. No benchmark prompt is in it (a test checks).
+
+ASK_HOW = [
+    "a microwave oven", "a bicycle gear", "a thermostat", "a camera", "a vacuum cleaner", "a battery",
+    "a compass", "a washing machine", "an elevator", "a lock and key", "a smoke detector", "a jet engine",
+    "a touch screen", "a light bulb", "a dishwasher", "a calculator", "a parachute", "a submarine",
+    "a hot air balloon", "a wind turbine", "a telescope", "a car engine", "a rocket", "GPS",
+    "Wi-Fi", "a credit card", "a search engine", "an air conditioner", "a toaster", "a piano",
+]
+ASK_WHY = [
+    "Why is the ocean salty?", "Why is ice slippery?", "Why is grass green?", "Why can we see the Moon during the day?",
+    "Why does bread go stale?", "Why is yawning contagious?", "Why are sunsets red?", "Why do onions make us cry?",
+    "Why do leaves change color in autumn?", "Why do cats purr?", "Why is the sea level rising?",
+    "Why does coffee keep us awake?", "Why does metal feel cold?", "Why do stars twinkle?", "Why is snow white?",
+    "Why do we get hiccups?", "Why does music give us chills?", "Why is the Earth round?", "Why do birds migrate?",
+    "Why does popcorn pop?",
+]
+ASK_TIPS = [
+    "saving money", "cooking rice", "running a first 5k", "keeping plants alive", "writing a cover letter",
+    "making friends in a new city", "studying for exams", "waking up early", "drinking more water",
+    "staying calm before an interview", "organizing a small kitchen", "learning to draw", "traveling on a budget",
+    "reducing screen time", "taking better photos with a phone", "keeping a journal", "working from home",
+    "reading more books", "training a puppy", "planning a birthday party",
+]
+ASK_IDEAS = [
+    "a summer afternoon", "a family dinner", "a school science project", "a birthday gift for a friend",
+    "a short trip near home", "a quiet evening", "a picnic", "a club meeting", "a snowy day",
+    "a team-building event", "a healthy breakfast", "a garden in a small space", "a long car ride",
+    "a first date", "a free weekend in the city",
+]
+ASK_START = [
+    "running", "baking bread", "painting with watercolors", "learning Spanish", "playing chess",
+    "meditating", "coding in Python", "swimming", "knitting", "playing the piano", "writing poetry",
+    "growing vegetables", "rock climbing", "photography", "yoga",
+]
+ASK_DIFF = [
+    ("a frog", "a toad"), ("weather", "a season"), ("a lake", "a pond"), ("a comet", "an asteroid"),
+    ("a crocodile", "an alligator"), ("baking soda", "baking powder"), ("a hurricane", "a tornado"),
+    ("RAM", "storage"), ("a city", "a town"), ("a fruit", "a vegetable"), ("speed", "velocity"),
+    ("a cold", "the flu"), ("a loan", "a grant"), ("a rabbit", "a hare"), ("a debit card", "a credit card"),
+    ("a planet", "a star"), ("an ocean", "a sea"), ("a fact", "an opinion"), ("Python", "JavaScript"),
+    ("a mountain", "a hill"),
+]
+CHAT_TEMPLATES = [
+    ("How does {x} work?", ASK_HOW), ("Explain how {x} works.", ASK_HOW),
+    ("{x}", ASK_WHY), ("{x} Explain it simply.", ASK_WHY),
+    ("What are some tips for {x}?", ASK_TIPS), ("Give me three tips for {x}.", ASK_TIPS),
+    ("Give me some ideas for {x}.", ASK_IDEAS), ("What can I do for {x}?", ASK_IDEAS),
+    ("How do I start {x}?", ASK_START), ("I want to get into {x}. Where should I begin?", ASK_START),
+]
+
+CODE_TASKS = [
+    "returns the product of the numbers in a list", "returns the odd numbers of a list",
+    "counts how many times a letter appears in a string", "returns the longest word in a sentence",
+    "checks whether a list is sorted", "returns the second largest number in a list",
+    "converts a string to title case", "returns the average of a list of numbers",
+    "removes all spaces from a string", "returns the index of the smallest item in a list",
+    "checks whether a year is a leap year", "returns the common items of two lists",
+    "returns the sum of the digits of an integer", "capitalizes every word in a sentence",
+    "returns a list of the squares of a list of numbers", "counts the uppercase letters in a string",
+    "checks whether a number is even", "returns the last n items of a list",
+    "splits a list into chunks of size n", "returns the number of unique items in a list",
+    "replaces every vowel in a string with a star", "returns the maximum of three numbers",
+    "converts minutes to hours and minutes", "returns the first character of every word",
+    "checks whether all the items of a list are positive", "rotates a list by k positions",
+]
+CODE_LANGS = ["Python function", "Python function", "JavaScript function", "Python function with a docstring"]
+
+PLACES = ["The town of Millbrook", "A small school in the north", "The regional hospital", "A local football club",
+          "The city library", "A family-run hotel", "The state railway company", "A group of volunteers",
+          "The university's science department", "A popular coffee chain", "The national weather service",
+          "A startup in the capital", "The village council", "A team of marine biologists", "The airport"]
+EVENTS = ["announced a plan to cut its energy use by half", "opened a new building after two years of work",
+          "started a program that teaches older people to use smartphones", "raised money to repair its roof",
+          "reported a record number of visitors this summer", "switched to electric buses",
+          "launched a free lunch scheme for students", "found an old shipwreck off the coast",
+          "delayed its project because of rising costs", "planted ten thousand trees along the river",
+          "began testing a four-day working week", "banned plastic bags in its shops"]
+DETAILS = ["The work was paid for by a national grant.", "Most residents welcomed the news.",
+           "Some critics say the plan is too expensive.", "Staff needed several weeks of training.",
+           "The first results will be published in the spring.", "Similar schemes have worked well elsewhere.",
+           "Local businesses helped with the costs.", "The change will take about three years.",
+           "Children and teachers took part in the planning.", "It is the first project of its kind in the region."]
+ENDINGS = ["Organizers hope others will follow.", "A public meeting is planned for next month.",
+           "Officials will review the results at the end of the year.", "More details will be shared online.",
+           "Visitors are welcome to come and see it.", "If it works, it may be made permanent."]
+SUMMARY_TEMPLATES = ["Summarize this text: {x}", "Summarize this in one sentence: {x}",
+                     "What is the main point of this text? {x}", "Write a short summary of the following: {x}"]
+
+LIST_POOLS = [
+    ["apple", "pear", "grape", "mango", "plum", "kiwi", "lemon", "peach", "melon", "orange", "lime", "fig"],
+    ["lion", "tiger", "zebra", "horse", "eagle", "shark", "otter", "panda", "koala", "camel", "goat", "wolf"],
+    ["red", "orange", "yellow", "green", "blue", "indigo", "violet", "pink", "brown", "gray", "black", "white"],
+    ["Berlin", "Madrid", "Rome", "Oslo", "Vienna", "Dublin", "Athens", "Lisbon", "Prague", "Warsaw", "Seoul", "Delhi"],
+    ["Anna", "Ben", "Carla", "David", "Emma", "Felix", "Grace", "Hugo", "Iris", "Jack", "Lena", "Omar"],
+    ["pen", "notebook", "ruler", "eraser", "stapler", "scissors", "tape", "marker", "folder", "glue", "clip", "chalk"],
+    ["January", "February", "March", "April", "May", "June", "July", "August", "September", "October"],
+]
+LIST_OPS = [
+    "Sort these words alphabetically: {x}.", "Reverse this list: {x}.", "Copy this list, one item per line: {x}.",
+    "Number each item of this list: {x}.", "Remove the duplicates from this list: {x}.",
+    "Put this list in reverse alphabetical order: {x}.", "Write each item of this list in capital letters: {x}.",
+    "How many items are in this list? {x}.",
+]
+NUMBER_OPS = [
+    "Sort these numbers from smallest to largest: {x}.", "Sort these numbers from largest to smallest: {x}.",
+    "Reverse this list of numbers: {x}.", "Which of these numbers are even? {x}.",
+    "Add up these numbers: {x}.", "What is the largest number in this list? {x}.",
+]
+
+
+def task_prompts(n_lists: int = 240, n_summaries: int = 240, seed: int = 0) -> list[str]:
+    """The second distillation set (about 900 prompts), the same for a given seed."""
+    import random
+    rng = random.Random(seed)
+    out = [tpl.format(x=x) for tpl, xs in CHAT_TEMPLATES for x in xs]
+    out += [f"What is the difference between {a} and {b}?" for a, b in ASK_DIFF]
+    out += [f"Write a {lang} that {task}." for task in CODE_TASKS for lang in CODE_LANGS[:2 + (len(task) % 3)]]
+    for _ in range(n_summaries):
+        text = " ".join([f"{rng.choice(PLACES)} {rng.choice(EVENTS)}.", *rng.sample(DETAILS, 2), rng.choice(ENDINGS)])
+        out.append(rng.choice(SUMMARY_TEMPLATES).format(x=text))
+    for i in range(n_lists):
+        if i % 3 == 2:
+            x = ", ".join(str(rng.randint(1, 60)) for _ in range(rng.randint(5, 9)))
+            out.append(rng.choice(NUMBER_OPS).format(x=x))
+            continue
+        op = rng.choice(LIST_OPS)
+        items = rng.sample(rng.choice(LIST_POOLS), rng.randint(4, 7))
+        if "duplicates" in op:
+            items += rng.sample(items, 2)
+            rng.shuffle(items)
+        out.append(op.format(x=", ".join(items)))
+    rng.shuffle(out)
+    return list(dict.fromkeys(out))

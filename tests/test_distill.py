@@ -2,7 +2,7 @@
 import torch
 
 import specdec_lab as sl
-from specdec_lab.distill import (ShardData, draft_config, generate_data, held_out_agreement, kl_loss,
+from specdec_lab.distill import (ShardData, draft_config, generate_data, held_out_agreement, is_held_out, kl_loss,
                                  load_draft_weights, load_shards, save_draft, train_draft)
 from specdec_lab.model import Transformer, init_weights
 
@@ -127,3 +127,28 @@ def test_distill_command_tiny_budget_runs_end_to_end(tmp_path):
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["vocab_size"] == 49152 and (out / "README.md").exists()
     assert (out / "model.safetensors").stat().st_size < 30e6
+
+
+def test_held_out_may_be_a_predicate_and_splits_like_a_set(tmp_path):
+    target = _tiny_target()
+    prompts = [[i + 1, i + 2] for i in range(12)]
+    generate_data(target, None, tmp_path, rounds=(0.0,), batch_size=4, max_new_tokens=4, prompts=prompts,
+                  progress=False)
+    by_set = load_shards(tmp_path, {9})
+    by_rule = load_shards(tmp_path, is_held_out)
+    assert [len(x) for x in by_set] == [len(x) for x in by_rule] == [11, 1]
+    assert torch.equal(by_set[1][0][0], by_rule[1][0][0]) and by_rule[1][0][0].tolist() == [10, 11]
+
+
+def test_task_prompts_are_fixed_distinct_and_share_nothing_with_the_benchmark():
+    from specdec_lab.prompts import BENCH_PROMPTS, distill_prompts, task_prompts
+    tasks = task_prompts()
+    assert tasks == task_prompts(), "the set must be the same on every call: shards are indexed by position"
+    assert len(tasks) == len(set(tasks)) > 600
+    assert not set(tasks) & set(BENCH_PROMPTS), "a benchmark prompt in the training data would inflate its alpha"
+    assert not set(tasks) & set(distill_prompts())
+    kinds = {"Summarize": 0, "function that": 0, "list": 0, "?": 0}
+    for p in tasks:
+        for k in kinds:
+            kinds[k] += k in p
+    assert min(kinds.values()) >= 40, kinds

@@ -271,3 +271,19 @@ def test_linear_packed_product_equals_the_plain_one_and_follows_weight_changes()
     y = lin(x).sum()  # grad enabled and W trainable: the plain product, which has a backward
     y.backward()
     assert lin.weight.grad is not None and torch.allclose(lin.weight.grad, x.reshape(-1, 64).sum(0)[:, None].expand(64, 96))
+
+
+def test_three_op_rope_equals_the_rotate_half_formula():
+    from specdec_lab.model import apply_rope, apply_rope_signed
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 5, 8)  # (B, T, heads, D)
+    angles = torch.randn(3, 4)
+    cos, sin = torch.cat([angles, angles], -1).cos(), torch.cat([angles, angles], -1).sin()  # (T, D)
+    want = apply_rope(x, cos[:, None], sin[:, None])
+    x1, x2 = x[..., :4], x[..., 4:]
+    c, s = angles.cos()[:, None], angles.sin()[:, None]
+    assert torch.allclose(want, torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], -1), atol=1e-6)
+    sin_signed = torch.cat([-sin[:, :4], sin[:, 4:]], -1)
+    assert torch.allclose(apply_rope_signed(x, cos[:, None], sin_signed[:, None]), want, atol=1e-6)
+    assert not torch.allclose(apply_rope_signed(x, cos[:, None], sin[:, None]), want, atol=1e-3), \
+        "the sign of the first half must matter"
