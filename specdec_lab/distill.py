@@ -311,6 +311,29 @@ def save_draft(draft, out_dir, dtype=torch.float16, card: str | None = None):
     return out_dir
 
 
+def frequent_tokens(examples, n, vocab_size, always=()) -> tuple[list[int], float]:
+    """(ids, coverage): the n token ids the target wrote most often in `examples`' answers, plus
+    `always` (the EOS ids), sorted; coverage is the share of answer tokens they account for.
+    A draft restricted to them (model.VocabSubsetHead) reads n head columns instead of V."""
+    if not examples:
+        raise ValueError("examples is empty: no answers to count tokens in")
+    counts = torch.zeros(vocab_size, dtype=torch.long)
+    for ex in examples:
+        counts += torch.bincount(ex[1].long(), minlength=vocab_size)
+    top = counts.argsort(descending=True, stable=True)[:n]
+    top = top[counts[top] > 0]
+    ids = sorted(set(top.tolist()) | {int(t) for t in always})
+    return ids, float(counts[ids].sum() / counts.sum())
+
+
+def save_vocab_subset(out_dir, ids, coverage, source=""):
+    """vocab_subset.json beside the draft's weights; pair.load_pair restricts the draft's head to it."""
+    import json
+    path = Path(out_dir) / "vocab_subset.json"
+    path.write_text(json.dumps({"coverage": round(coverage, 4), "source": source, "ids": ids}))
+    return path
+
+
 # ----------------------------------------------------------------------------- the recipe
 
 BUDGETS = {
@@ -319,8 +342,8 @@ BUDGETS = {
     "full": dict(num_prompts=None, rounds=(0.7, 0.0, 1.0, 0.7, 0.0, 1.0), max_new_tokens=256, steps=750,
                  n_layers=4, eval_every=50),
 }
-# The task set (prompts.task_prompts): shorter answers, one greedy pass and three sampled ones.
-TASK_DATA = dict(rounds=(0.0, 0.7, 1.0, 0.7), max_new_tokens=128, seed=200)
+# The task set (prompts.task_prompts): shorter answers, one greedy pass and five sampled ones.
+TASK_DATA = dict(rounds=(0.0, 0.7, 1.0, 0.7, 1.0, 0.7), max_new_tokens=128, seed=200)
 
 
 def is_held_out(prompt_index: int) -> bool:

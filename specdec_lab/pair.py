@@ -6,13 +6,14 @@ specdec_lab/draft/. `load_pair(target, draft)` takes any two Llama-family
 models by hub id, local folder or .gguf. `tiny_model()` builds small random
 decoders for tests and notebooks.
 """
+import copy
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from .config import ModelConfig
-from .model import Transformer, init_weights
+from .model import Transformer, init_weights, restrict_vocab
 
 
 @dataclass
@@ -40,9 +41,29 @@ def load_model_cached(source, device="cpu", dtype=torch.float32):
     return _CACHE[key]
 
 
+# A draft folder may hold vocab_subset.json (distill.frequent_tokens): load_pair then gives the
+# draft a head over those tokens only (model.VocabSubsetHead). Outputs do not change (the
+# verification is lossless for any q); the draft's time per token does. False: the full head.
+DRAFT_VOCAB_SUBSET = True
+
+
+def vocab_subset(draft_source):
+    """The token ids in draft_source/vocab_subset.json, or None."""
+    import json
+    path = Path(str(draft_source)).expanduser() / "vocab_subset.json"
+    return json.loads(path.read_text())["ids"] if path.is_file() else None
+
+
 def load_pair(target, draft, device="cpu", dtype=torch.float32) -> ModelPair:
     t = load_model_cached(target, device, dtype)
     d = load_model_cached(draft, device, dtype)
+    ids = vocab_subset(draft) if DRAFT_VOCAB_SUBSET else None
+    if ids is not None:
+        key = (str(draft), str(device), dtype, "vocab_subset")
+        if key not in _CACHE:
+            tok = getattr(d, "tokenizer", None)
+            _CACHE[key] = restrict_vocab(copy.deepcopy(d, {id(tok): tok}), ids)  # the cached full draft stays whole
+        d = _CACHE[key]
     if d.cfg.vocab_size != t.cfg.vocab_size:
         raise ValueError(f"draft vocabulary ({d.cfg.vocab_size}) differs from the target's "
                          f"({t.cfg.vocab_size}); the draft must share the target's tokenizer")
