@@ -12,7 +12,10 @@ How the figures are made (DESIGN.md section 8):
 - tokens/s counts generated tokens only, over the wall time of the whole call
   (prefill included, for every system alike; transformers cannot time its
   decode alone). On CUDA the device is synchronised before every clock read;
-- ratios are taken between systems of the same run, never across runs.
+- ratios are taken between systems of the same run, never across runs;
+- both engines read the same draft folder. Ours applies its vocab_subset.json (the
+  draft's head over its frequent tokens, pair.with_vocab_subset); transformers'
+  assisted generation has no such option and runs the whole head.
 
 The prediction is Leviathan et al.'s (arXiv 2211.17192, Theorem 3.8):
     speedup(alpha, K, c) = (1 - alpha^(K+1)) / ((1 - alpha) (K c + 1)),
@@ -431,6 +434,7 @@ def run_bench(target, draft, cfg: BenchConfig, hf_target=None, hf_draft=None, lo
 
 def _model_info(m) -> dict:
     return {"params": m.cfg.num_params, "layers": m.cfg.n_layers, "dim": m.cfg.dim, "vocab": m.cfg.vocab_size,
+            "head_columns": m.head.weight.shape[1],  # fewer than vocab: a VocabSubsetHead
             "dtype": str(m.dtype).replace("torch.", "")}
 
 
@@ -825,7 +829,7 @@ def _overrides(args) -> dict:
 def load_systems_models(args, device, dtype, with_hf, log):
     """(target, draft, hf_target, hf_draft): ours from the same folders transformers loads."""
     from .assets import ensure_default_target
-    from .pair import default_draft_dir, load_model_cached
+    from .pair import default_draft_dir, load_model_cached, with_vocab_subset
     target_src = args.target or ensure_default_target()
     draft_src = args.draft or default_draft_dir()
     if not args.draft and not (default_draft_dir() / "model.safetensors").exists():
@@ -833,7 +837,7 @@ def load_systems_models(args, device, dtype, with_hf, log):
     log(f"loading target {target_src} and draft {draft_src} ...")
     target = load_model_cached(target_src, device, dtype)
     if _is_hf_folder(draft_src):
-        draft = load_draft(draft_src, device, dtype)
+        draft = with_vocab_subset(load_draft(draft_src, device, dtype), draft_src)
     else:
         draft = load_model_cached(draft_src, device, dtype)
     if draft.cfg.vocab_size != target.cfg.vocab_size:

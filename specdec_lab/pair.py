@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from .config import ModelConfig
-from .model import Transformer, init_weights, restrict_vocab
+from .model import Transformer, VocabSubsetHead, init_weights, restrict_vocab
 
 
 @dataclass
@@ -54,15 +54,23 @@ def vocab_subset(draft_source):
     return json.loads(path.read_text())["ids"] if path.is_file() else None
 
 
+def with_vocab_subset(model, draft_source):
+    """`model` with its head restricted to draft_source's vocab_subset.json, in place; unchanged
+    when the folder has none, DRAFT_VOCAB_SUBSET is off, or the head is restricted already."""
+    ids = vocab_subset(draft_source) if DRAFT_VOCAB_SUBSET else None
+    if ids is None or isinstance(model.head, VocabSubsetHead):
+        return model
+    return restrict_vocab(model, ids)
+
+
 def load_pair(target, draft, device="cpu", dtype=torch.float32) -> ModelPair:
     t = load_model_cached(target, device, dtype)
     d = load_model_cached(draft, device, dtype)
-    ids = vocab_subset(draft) if DRAFT_VOCAB_SUBSET else None
-    if ids is not None:
+    if DRAFT_VOCAB_SUBSET and vocab_subset(draft) is not None:
         key = (str(draft), str(device), dtype, "vocab_subset")
         if key not in _CACHE:
             tok = getattr(d, "tokenizer", None)
-            _CACHE[key] = restrict_vocab(copy.deepcopy(d, {id(tok): tok}), ids)  # the cached full draft stays whole
+            _CACHE[key] = with_vocab_subset(copy.deepcopy(d, {id(tok): tok}), draft)  # the cached draft stays whole
         d = _CACHE[key]
     if d.cfg.vocab_size != t.cfg.vocab_size:
         raise ValueError(f"draft vocabulary ({d.cfg.vocab_size}) differs from the target's "
