@@ -90,7 +90,7 @@ class StepCosts:
         return self.verify[k] / self.target_forward
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def measure_step_costs(target, draft, ks, context=128, reps=20, warmup=3) -> StepCosts:
     """Median forward times at `context` cached positions, every kind timed once per
     round so that drift of the machine hits all alike. Each forward is rolled back.

@@ -658,7 +658,7 @@ def compare_caches(target, draft, prompts, k=4, max_new_tokens=64, block_size=16
             "same_outputs": same}
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def profile_decode(target, context=100, steps=30, bandwidth=None) -> dict:
     """Where one autoregressive decode token's time goes: torch.profiler over `steps` one-token
     forwards at `context` cached positions, split into matrix products (aten::mm, addmm and
