@@ -31,8 +31,9 @@ test: setup
 demo: setup
 	$(PY) -m specdec_lab generate --prompt "Why is the sky blue?" --k 4 --max-new-tokens 64
 
+# The configuration docs/bench_full.json was measured with (about half an hour on 2 cores).
 bench: setup
-	$(PY) -m specdec_lab bench
+	OMP_NUM_THREADS=1 $(PY) -m specdec_lab bench --prompts 24 --max-new-tokens 64 --ks 1-8 --threads 1
 
 clean:
 	rm -rf $(VENV) .pytest_cache

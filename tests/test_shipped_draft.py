@@ -10,10 +10,10 @@ from specdec_lab.prompts import distill_prompts, split_prompts
 
 pytestmark = pytest.mark.slow
 
-# Greedy alpha on these three held-out prompts (32 new tokens) was 0.448 when the draft was
-# shipped (0.375 for the draft before it); the floor leaves a margin for other hardware.
-# A retrained draft must not fall below it.
-ALPHA_FLOOR = 0.38
+# Greedy alpha on these three held-out prompts (32 new tokens) was 0.479 when the draft was
+# shipped (0.448 and 0.375 for the drafts before it); the floor leaves a margin for other
+# hardware. A retrained draft must not fall below it.
+ALPHA_FLOOR = 0.42
 
 
 @pytest.fixture(scope="module")
