@@ -346,9 +346,14 @@ BUDGETS = {
 TASK_DATA = dict(rounds=(0.0, 0.7, 1.0, 0.7, 1.0, 0.7), max_new_tokens=128, seed=200)
 
 
+# The draft's head covers this many of the target's most frequent answer tokens (vocab_subset.json).
+VOCAB_SUBSET_SIZE = 8192
+
+
 def is_held_out(prompt_index: int) -> bool:
     """Every 10th prompt of each set is held out (prompts.split_prompts)."""
     return prompt_index % 10 == 9
+
 
 CARD = """# specdec_lab draft for SmolLM2-135M-Instruct
 
@@ -368,6 +373,10 @@ held-out tokens: {held_tokens}.
 ## Training
 Forward KL from the stored top-64 distribution (renormalised), AdamW, cosine
 schedule over {steps} steps of about 2k answer tokens.
+
+## Head over frequent tokens
+`vocab_subset.json` lists the {subset_size} tokens the target wrote most often in the training
+answers ({coverage:.1%} of them); specdec_lab's `load_pair` restricts the draft's head to them.
 
 ## Measured
 Held-out greedy agreement after training: {alpha:.3f}. Curve (answer tokens seen: alpha):
@@ -457,11 +466,15 @@ def distill_main(budget="full", out_dir=None, data_dir=None, work_dir=None, dtyp
     train, held = shards.split()
     out = Path(out_dir or (default_draft_dir() if budget == "full" else work / "draft"))
     save_draft(draft, out)
+    ids, coverage = frequent_tokens(train, VOCAB_SUBSET_SIZE, draft.cfg.vocab_size, always=draft.cfg.eos_token_ids)
+    save_vocab_subset(out, ids, coverage, source=f"the {VOCAB_SUBSET_SIZE} tokens the target wrote most often "
+                                                 "in the draft's training answers, and EOS")
     card = CARD.format(n_layers=draft.cfg.n_layers, dim=draft.cfg.dim, params=draft.cfg.num_params / 1e6,
                        size_mb=(out / "model.safetensors").stat().st_size / 1e6, num_prompts=len(prompts),
                        rounds=list(cfg_b["rounds"]), max_new_tokens=cfg_b["max_new_tokens"],
                        train_tokens=sum(len(e[1]) for e in train), held_tokens=sum(len(e[1]) for e in held),
                        steps=steps or cfg_b["steps"], alpha=curve[-1][1] if curve else float("nan"),
+                       subset_size=len(ids), coverage=coverage,
                        curve=", ".join(f"{s}: {a:.3f}" for s, a in curve))
     (out / "README.md").write_text(card)
     return out, curve

@@ -127,6 +127,11 @@ def test_distill_command_tiny_budget_runs_end_to_end(tmp_path):
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["vocab_size"] == 49152 and (out / "README.md").exists()
     assert (out / "model.safetensors").stat().st_size < 30e6
+    subset = json.loads((out / "vocab_subset.json").read_text())
+    assert 2 in subset["ids"] and 0 < len(subset["ids"]) <= 8193 and 0 < subset["coverage"] <= 1
+    from specdec_lab.assets import ensure_default_target
+    pair = sl.load_pair(ensure_default_target(), out)
+    assert pair.draft.head.weight.shape[1] == len(subset["ids"]), "the folder's subset must reach the loaded draft"
 
 
 def test_held_out_may_be_a_predicate_and_splits_like_a_set(tmp_path):
