@@ -86,7 +86,7 @@ class VocabSubsetHead(nn.Module):
     logits for the `ids` columns only, -inf for every other token, so the draft proposes from the
     subset and gives the rest q = 0. Speculative sampling stays lossless for any q: a token the
     draft never proposes is reached through the residual max(p - q, 0) = p. The product reads
-    len(ids) columns instead of V, and for a small draft the head is most of its time."""
+    len(ids) columns instead of V; for a small draft the head is the largest single cost."""
 
     def __init__(self, head: Linear, ids: torch.Tensor):
         super().__init__()
