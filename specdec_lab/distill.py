@@ -21,7 +21,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .kv_cache import KVCache
-from .prompts import distill_prompts, task_prompts
+from .prompts import distill_prompts, is_held_out, task_prompts
 from .sampling import logits_to_probs, make_generator, sample
 from .text import encode_prompt
 
@@ -344,15 +344,8 @@ BUDGETS = {
 }
 # The task set (prompts.task_prompts): shorter answers, one greedy pass and five sampled ones.
 TASK_DATA = dict(rounds=(0.0, 0.7, 1.0, 0.7, 1.0, 0.7), max_new_tokens=128, seed=200)
-
-
 # The draft's head covers this many of the target's most frequent answer tokens (vocab_subset.json).
 VOCAB_SUBSET_SIZE = 8192
-
-
-def is_held_out(prompt_index: int) -> bool:
-    """Every 10th prompt of each set is held out (prompts.split_prompts)."""
-    return prompt_index % 10 == 9
 
 
 CARD = """# specdec_lab draft for SmolLM2-135M-Instruct

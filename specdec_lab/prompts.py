@@ -126,10 +126,15 @@ def distill_prompts() -> list[str]:
     return out
 
 
+def is_held_out(prompt_index: int, held_out_every: int = 10) -> bool:
+    """Every `held_out_every`-th prompt of a set is held out: training never sees it."""
+    return prompt_index % held_out_every == held_out_every - 1
+
+
 def split_prompts(prompts: list[str], held_out_every: int = 10) -> tuple[list[str], list[str]]:
-    """(train, held_out): every `held_out_every`-th prompt is held out."""
-    train = [p for i, p in enumerate(prompts) if i % held_out_every != held_out_every - 1]
-    held = [p for i, p in enumerate(prompts) if i % held_out_every == held_out_every - 1]
+    """(train, held_out) by is_held_out."""
+    train = [p for i, p in enumerate(prompts) if not is_held_out(i, held_out_every)]
+    held = [p for i, p in enumerate(prompts) if is_held_out(i, held_out_every)]
     return train, held
 
 
