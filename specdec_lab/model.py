@@ -18,14 +18,23 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from . import kernels
 from .config import ModelConfig
 from .masks import verification_mask
 
 
-# Multi-row products (prefill, and the K+1 rows of a verification pass) go through a
-# oneDNN copy of the weight, prepacked once into the blocked layout its kernels read.
-# On this project's CPU, torch's default GEMM ran a 5-row product over the 576 x 49152
-# head 4.7x slower than the one-row product (2-row: 2.0x); the prepacked oneDNN
+# Products over a few float32 rows (decode's one, verification's K+1) go through the
+# project's own kernel (kernels.py, csrc/panel_matmul.c), which reads a copy of W laid out
+# as contiguous column panels. On this project's CPU, one thread, it streamed the narrow
+# products of the default target at about 21 GB/s where PyTorch's kernels reached 11-15,
+# and a K+1-row product costs little more than a one-row one. It runs on one thread, so
+# it is used when torch runs one; set PANEL_MATMUL = False to compare.
+PANEL_MATMUL = True
+
+# Other multi-row products (prefill, and verification when the panel kernel is not in use)
+# go through a oneDNN copy of the weight, prepacked once into the blocked layout its kernels
+# read. On this project's CPU, torch's default GEMM ran a 5-row product over the
+# 576 x 49152 head 4.7x slower than the one-row product (2-row: 2.0x); the prepacked oneDNN
 # kernel ran it at 1.3x, and a whole 5-token forward of the default target went from
 # 2.34x to 1.04x the cost of a one-token forward (acceptance.measure_verify_cost).
 # That ratio is what speculative decoding lives on. In bfloat16 the packed kernel also
@@ -52,15 +61,25 @@ class Linear(nn.Module):
     27 GB/s on this project's 2-core machine, against 12 GB/s for the (out, in)
     layout (both measured with a 49152 x 576 matrix).
 
-    Products over several rows, and all products in bfloat16, use a prepacked
-    oneDNN copy of W (see PACKED_MATMUL), built on first use and rebuilt whenever
-    W changes. Never while W is being trained: the packed kernel has no backward."""
+    Products over a few float32 rows use the panel kernel's copy of W (see
+    PANEL_MATMUL); other products over several rows, and all products in bfloat16,
+    a prepacked oneDNN copy (see PACKED_MATMUL). Each copy is built on first use and
+    rebuilt whenever W changes. Never while W is being trained: neither has a backward."""
 
     def __init__(self, d_in, d_out, bias=False):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(d_in, d_out))  # (in, out)
         self.bias = nn.Parameter(torch.zeros(d_out)) if bias else None
         self._packed, self._packed_key = None, None
+        self._panels, self._panels_key = None, None
+
+    def panel_weight(self):
+        w = self.weight
+        key = (w.data_ptr(), w._version)
+        if self._panels_key != key:
+            self._panels = kernels.pack(w)
+            self._panels_key = key
+        return self._panels
 
     def packed_weight(self):
         w = self.weight
@@ -73,6 +92,11 @@ class Linear(nn.Module):
     def forward(self, x):
         w = self.weight
         rows = x.numel() // max(x.shape[-1], 1)
+        if (PANEL_MATMUL and 0 < rows <= kernels.MAX_ROWS and w.dtype == torch.float32 and x.dtype == w.dtype
+                and w.device.type == "cpu" and torch.get_num_threads() == 1 and kernels.available()
+                and not (w.requires_grad and torch.is_grad_enabled())):
+            y = kernels.matmul(x, self.panel_weight(), w.shape[1])
+            return y + self.bias if self.bias is not None else y
         if (PACKED_MATMUL and (rows > 1 or w.dtype == torch.bfloat16) and _can_pack(w) and x.dtype == w.dtype
                 and not (w.requires_grad and torch.is_grad_enabled())):
             bias = None if self.bias is None else self.bias.detach()

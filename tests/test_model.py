@@ -255,7 +255,8 @@ def test_linear_packed_product_equals_the_plain_one_and_follows_weight_changes()
     torch.manual_seed(0)
     lin = Linear(64, 96)
     torch.nn.init.normal_(lin.weight)
-    x = torch.randn(2, 5, 64)  # several rows: the packed kernel
+    x = torch.randn(2, 5, 64)  # several rows: the packed kernel, once the panel kernel is off
+    model_module.PANEL_MATMUL = False
     with torch.no_grad():
         assert torch.allclose(lin(x), x @ lin.weight, atol=1e-5)
         first = lin._packed
@@ -268,6 +269,7 @@ def test_linear_packed_product_equals_the_plain_one_and_follows_weight_changes()
             assert torch.equal(lin(x), x @ lin.weight), "with the switch off the plain product runs"
         finally:
             model_module.PACKED_MATMUL = True
+            model_module.PANEL_MATMUL = True
     y = lin(x).sum()  # grad enabled and W trainable: the plain product, which has a backward
     y.backward()
     assert lin.weight.grad is not None and torch.allclose(lin.weight.grad, x.reshape(-1, 64).sum(0)[:, None].expand(64, 96))

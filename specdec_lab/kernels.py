@@ -1,0 +1,120 @@
+"""A hand-written CPU kernel for the few-row float32 products of decode and verification.
+
+`csrc/panel_matmul.c` computes y = x @ W for x of 1..RB rows (more in further passes)
+with W repacked once into contiguous column panels, so that the product reads the
+weight in address order. On this project's 2-core machine it streamed the narrow
+products of the default target (576 x 576, 1536 x 576) at about 21 GB/s, where
+PyTorch's one-row kernel managed 12 and oneDNN's packed kernel 11-15 (one thread,
+`python -m specdec_lab bench --kernels` prints the table). The file says how it works.
+
+It is compiled on first use with the C compiler at hand (`cc`, or $CC) into
+$SPECDEC_LAB_CACHE/kernels/, keyed by a hash of the source and the compiler flags,
+and loaded with ctypes: no build step at install time, nothing to do for a user.
+Where no compiler works, or SPECDEC_LAB_KERNELS=0, `available()` is False and
+`model.Linear` keeps PyTorch's kernels. The kernel runs on the calling thread only,
+so Linear uses it when torch runs one thread.
+"""
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+import warnings
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).parent / "csrc" / "panel_matmul.c"
+FLAG_SETS = (["-O3", "-march=native", "-ffp-contract=fast"], ["-O3", "-ffp-contract=fast"])
+MAX_ROWS = 16  # above this (prefill) oneDNN's blocked GEMM, which uses every core, does better
+
+_lib = None
+_tried = False
+
+
+def _compiler():
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    if cc is None:
+        raise RuntimeError("no C compiler found (set CC)")
+    return cc
+
+
+def build(cache=None) -> Path:
+    """Compile the kernel (once per source, compiler and flags) and return the shared library's path."""
+    from .assets import cache_dir
+    cc, src = _compiler(), SOURCE.read_bytes()
+    errors = []
+    for flags in FLAG_SETS:
+        key = hashlib.sha256(src + cc.encode() + " ".join(flags).encode()).hexdigest()[:16]
+        out = Path(cache or cache_dir() / "kernels") / f"panel_matmul-{key}.so"
+        if out.exists():
+            return out
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
+            tmp_out = Path(tmp) / out.name
+            r = subprocess.run([cc, *flags, "-shared", "-fPIC", str(SOURCE), "-o", str(tmp_out)],
+                               capture_output=True, text=True)
+            if r.returncode == 0:
+                os.replace(tmp_out, out)  # atomic: a concurrent build loses nothing
+                return out
+            errors.append(f"{cc} {' '.join(flags)}: {r.stderr.strip()[:400]}")
+    raise RuntimeError("could not compile " + SOURCE.name + ":\n" + "\n".join(errors))
+
+
+def _load():
+    global _lib, _tried
+    if _tried:
+        return _lib
+    _tried = True
+    if os.environ.get("SPECDEC_LAB_KERNELS", "1") == "0":
+        return None
+    try:
+        lib = ctypes.CDLL(str(build()))
+    except (OSError, RuntimeError) as e:
+        warnings.warn(f"specdec_lab: the panel kernel is unavailable, PyTorch's kernels are used ({e})")
+        return None
+    lib.panel_matmul.restype = None
+    lib.panel_matmul.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p,
+                                 ctypes.c_long, ctypes.c_long]
+    lib.panel_width.restype = ctypes.c_long
+    _lib = lib
+    return lib
+
+
+def available() -> bool:
+    return _load() is not None
+
+
+def panel_width() -> int:
+    return _load().panel_width()
+
+
+def pack(w: torch.Tensor) -> torch.Tensor:
+    """W (K, N) float32 -> panels (ceil(N / PW), K, PW), zero-padded on the right, 64-byte aligned."""
+    if w.dtype != torch.float32 or w.dim() != 2 or w.device.type != "cpu":
+        raise ValueError(f"w must be a 2-D float32 CPU tensor, got {tuple(w.shape)} {w.dtype} on {w.device}")
+    pw = panel_width()
+    K, N = w.shape
+    n_pad = -N % pw
+    w = torch.nn.functional.pad(w.detach(), (0, n_pad)) if n_pad else w.detach()
+    numel = K * (N + n_pad)
+    buf = torch.empty(numel + 16, dtype=torch.float32)
+    off = (-buf.data_ptr() // 4) % 16  # whole 64-byte cache lines per panel row
+    panels = buf[off:off + numel].view((N + n_pad) // pw, K, pw)
+    panels.copy_(w.view(K, (N + n_pad) // pw, pw).transpose(0, 1))
+    return panels
+
+
+def matmul(x: torch.Tensor, panels: torch.Tensor, n: int) -> torch.Tensor:
+    """x (..., K) float32 @ the packed W -> (..., n). x's leading dimensions are the rows."""
+    n_panels, K, pw = panels.shape
+    if x.shape[-1] != K:
+        raise ValueError(f"x has {x.shape[-1]} features; the packed weight expects {K}")
+    rows = x.numel() // K
+    x2 = x.reshape(rows, K).contiguous()
+    y = torch.empty(rows, n_panels * pw, dtype=torch.float32)
+    _lib.panel_matmul(x2.data_ptr(), rows, panels.data_ptr(), y.data_ptr(), K, n_panels * pw)
+    if n != n_panels * pw:
+        y = y[:, :n]
+    return y.view(*x.shape[:-1], n)

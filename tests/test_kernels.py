@@ -1,0 +1,109 @@
+"""The panel kernel (csrc/panel_matmul.c) against PyTorch's product, and how Linear uses it."""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from specdec_lab import kernels
+from specdec_lab import model as model_module
+from specdec_lab.model import Linear
+
+pytestmark = pytest.mark.skipif(not kernels.available(), reason="no working C compiler on this machine")
+
+
+@pytest.mark.parametrize("K,N", [(64, 96), (576, 960), (37, 50), (1, 1), (200, 33)])
+@pytest.mark.parametrize("rows", [1, 2, 5, 8, 9, 17])
+def test_panel_product_equals_torch(K, N, rows):
+    torch.manual_seed(K * 1000 + N + rows)
+    w, x = torch.randn(K, N), torch.randn(rows, K)
+    y = kernels.matmul(x, kernels.pack(w), N)
+    assert y.shape == (rows, N)
+    assert torch.allclose(y, x @ w, rtol=1e-4, atol=1e-4 * K ** 0.5)
+
+
+def test_leading_dimensions_are_rows():
+    w, x = torch.randn(48, 70), torch.randn(2, 3, 48)
+    assert torch.allclose(kernels.matmul(x, kernels.pack(w), 70), x @ w, atol=1e-4)
+
+
+def test_a_row_is_bit_for_bit_the_same_whatever_the_row_count():
+    """Verification feeds K+1 rows through the product that decode feeds one: each output
+    element is one multiply-add chain in k order either way, so nothing depends on R."""
+    torch.manual_seed(1)
+    w = torch.randn(576, 960)
+    panels = kernels.pack(w)
+    x = torch.randn(12, 576)
+    alone = torch.cat([kernels.matmul(x[i:i + 1], panels, 960) for i in range(12)])
+    for rows in (2, 5, 8, 9, 12):
+        assert torch.equal(kernels.matmul(x[:rows], panels, 960), alone[:rows]), rows
+
+
+def test_pack_rejects_what_it_cannot_pack():
+    with pytest.raises(ValueError, match="w must be"):
+        kernels.pack(torch.randn(4, 4, dtype=torch.float64))
+    with pytest.raises(ValueError, match="w must be"):
+        kernels.pack(torch.randn(4))
+    with pytest.raises(ValueError, match="features"):
+        kernels.matmul(torch.randn(1, 5), kernels.pack(torch.randn(4, 8)), 8)
+
+
+def test_linear_takes_the_panel_kernel_at_one_thread_and_follows_weight_changes():
+    assert torch.get_num_threads() == 1  # conftest
+    torch.manual_seed(0)
+    lin = Linear(64, 100, bias=True)
+    torch.nn.init.normal_(lin.weight)
+    torch.nn.init.normal_(lin.bias)
+    x = torch.randn(1, 3, 64)
+    with torch.no_grad():
+        assert torch.allclose(lin(x), x @ lin.weight + lin.bias, atol=1e-4)
+        first = lin._panels
+        assert first is not None, "a few-row float32 product must go through the panel copy"
+        lin.weight.mul_(-1)
+        assert torch.allclose(lin(x), x @ lin.weight + lin.bias, atol=1e-4), "a stale panel copy was used"
+        assert lin._panels is not first
+        many = torch.randn(1, kernels.MAX_ROWS + 1, 64)  # prefill: not the panel kernel
+        lin._panels = lin._panels_key = None
+        assert torch.allclose(lin(many), many @ lin.weight + lin.bias, atol=1e-4)
+        assert lin._panels is None
+    y = lin(x).sum()  # training: the plain product, which has a backward
+    y.backward()
+    assert lin.weight.grad is not None
+
+
+def test_the_default_target_decodes_the_same_tokens_with_and_without_the_kernel(default_target):
+    """Greedy tokens through the panel kernel against PyTorch's kernels, on the real model."""
+    from specdec_lab.engine import autoregressive_generate
+    outs = {}
+    for panel in (True, False):
+        model_module.PANEL_MATMUL = panel
+        try:
+            outs[panel] = autoregressive_generate(default_target, "List three primary colours.", max_new_tokens=24,
+                                                  temperature=0.0).tokens
+        finally:
+            model_module.PANEL_MATMUL = True
+    assert outs[True] == outs[False]
+
+
+def _run(code, **env):
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={**os.environ, **env}, timeout=300)
+
+
+def test_switched_off_or_without_a_compiler_the_model_still_runs(tmp_path):
+    code = ("import warnings, torch; torch.set_num_threads(1)\n"
+            "from specdec_lab import kernels\n"
+            "from specdec_lab.model import Linear\n"
+            "with warnings.catch_warnings(record=True) as w:\n"
+            "    warnings.simplefilter('always')\n"
+            "    lin = Linear(8, 8); x = torch.randn(1, 8)\n"
+            "    with torch.no_grad(): y = lin(x)\n"
+            "print(kernels.available(), torch.allclose(y, x @ lin.weight), lin._panels is None,"
+            " any('panel kernel is unavailable' in str(m.message) for m in w))\n")
+    off = _run(code, SPECDEC_LAB_KERNELS="0")
+    assert off.returncode == 0, off.stderr
+    assert off.stdout.split() == ["False", "True", "True", "False"]
+    broken = _run(code, CC="/bin/false", SPECDEC_LAB_CACHE=str(tmp_path))
+    assert broken.returncode == 0, broken.stderr
+    assert broken.stdout.split() == ["False", "True", "True", "True"], "a failed build must warn and fall back"
