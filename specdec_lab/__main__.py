@@ -139,6 +139,9 @@ def add_bench_parser(sub):
     b.add_argument("--profile", action="store_true",
                    help="only profile an autoregressive decode token: matrix products against the rest, "
                         "and the products' weight-streaming rate against the read bandwidth")
+    b.add_argument("--kernels", action="store_true",
+                   help="only time each kind of the target's matrix products through each CPU kernel "
+                        "(PyTorch's, oneDNN's prepacked, the panel kernel) at 1 and K+1 rows")
     b.add_argument("--json", action="store_true", help="print only the JSON document")
 
 

@@ -36,12 +36,15 @@ be downloaded.
 import math
 import os
 import statistics
+import time
 import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 
+from . import kernels
+from . import model as model_module
 from .acceptance import Clock, StepCosts, measure_step_costs  # noqa: F401 (bench.Clock etc. are used by chapters)
 from .adaptive import CostAwareController, optimal_k
 from .config import ModelConfig
@@ -673,14 +676,19 @@ def profile_decode(target, context=100, steps=30, bandwidth=None) -> dict:
     for _ in range(3):  # warm-up
         target(tok, cache=cache, last_only=True)
         cache.rollback(context)
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        for _ in range(steps):
-            target(tok, cache=cache, last_only=True)
-            cache.rollback(context)
+    kernels.RECORD = True
+    try:
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            for _ in range(steps):
+                target(tok, cache=cache, last_only=True)
+                cache.rollback(context)
+    finally:
+        kernels.RECORD = False
     events = prof.key_averages()
     total = sum(e.self_cpu_time_total for e in events) / steps / 1e6  # seconds per token
     products = sum(e.self_cpu_time_total for e in events
-                   if e.key in ("aten::mm", "aten::addmm", "mkldnn::_linear_pointwise")) / steps / 1e6
+                   if e.key in ("aten::mm", "aten::addmm", "mkldnn::_linear_pointwise", kernels.RECORD_NAME)
+                   ) / steps / 1e6
     weight_bytes = streamed_weight_bytes(target.cfg, target.dtype.itemsize)
     bandwidth = bandwidth or machine_bandwidth(device)[0]
     return {"context": context, "steps": steps, "seconds_per_token": total, "product_seconds": products,
@@ -697,6 +705,51 @@ def format_profile(doc) -> str:
             f"the products stream {doc['weight_bytes'] / 1e6:.0f} MB of weights at "
             f"{doc['product_bytes_per_s'] / 1e9:.1f} GB/s = {doc['product_fraction_of_bandwidth']:.0%} of the "
             f"measured read bandwidth ({doc['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s)")
+
+
+@torch.inference_mode()
+def compare_kernels(target, rows=(1, 5), reps=5) -> dict:
+    """Each kind of the target's matrix products (all layers' matrices of that kind in turn, so
+    they stream from memory as in a forward) through each float32 CPU kernel Linear can use:
+    PyTorch's `x @ W`, oneDNN's prepacked product and the panel kernel. GB/s of weight read,
+    best of `reps`, the kernels interleaved within each repetition."""
+    from .model import Linear
+    groups = {}
+    for name, mod in target.named_modules():
+        if isinstance(mod, Linear) and mod.weight.dtype == torch.float32:
+            groups.setdefault(name.split(".")[-1], []).append(mod)
+    systems = {"torch": lambda m, x: x @ m.weight}
+    if model_module._HAVE_PACKING:
+        systems["onednn"] = lambda m, x: torch.ops.mkldnn._linear_pointwise(x, m.packed_weight(), None, "none",
+                                                                             [None], "")
+    if kernels.available():
+        systems["panel"] = lambda m, x: kernels.matmul(x, m.panel_weight(), m.weight.shape[1])
+    out = {}
+    for kind, mods in groups.items():
+        K, N = mods[0].weight.shape
+        nbytes = sum(m.weight.numel() * 4 for m in mods)
+        for r in rows:
+            x = torch.randn(r, K)
+            best = {s: float("inf") for s in systems}
+            for _ in range(reps + 1):  # the first round builds the packed copies and warms up
+                for s, f in systems.items():
+                    t0 = time.perf_counter()
+                    for m in mods:
+                        f(m, x)
+                    best[s] = min(best[s], time.perf_counter() - t0)
+            out[f"{kind} {K}x{N}, {r} row{'s' if r > 1 else ''}"] = {
+                "matrices": len(mods), "bytes": nbytes, "rows": r,
+                "gb_per_s": {s: nbytes / t / 1e9 for s, t in best.items()}}
+    return {"threads": torch.get_num_threads(), "reps": reps, "products": out}
+
+
+def format_kernels(doc) -> str:
+    systems = list(next(iter(doc["products"].values()))["gb_per_s"])
+    lines = [f"weight read rate, GB/s (best of {doc['reps']}, {doc['threads']} thread(s))",
+             f"{'product':32s} " + " ".join(f"{s:>8s}" for s in systems)]
+    for name, p in doc["products"].items():
+        lines.append(f"{name:32s} " + " ".join(f"{p['gb_per_s'][s]:8.1f}" for s in systems))
+    return "\n".join(lines)
 
 
 # A workload whose acceptance changes: chat answers and code, alternating (DESIGN.md section 6).
@@ -780,6 +833,10 @@ def bench_main(args, out=print, err=None):
         text = (f"contiguous {doc['tokens_per_second']['contiguous']:.2f} vs paged "
                 f"{doc['tokens_per_second']['paged']:.2f} target tokens/s (K={doc['k']}, P={doc['block_size']}): "
                 f"contiguous / paged = {doc['contiguous_over_paged']:.3f}; same outputs: {doc['same_outputs']}")
+    elif getattr(args, "kernels", False):
+        target, _, _, _ = load_systems_models(args, device, dtype, False, err)
+        doc = compare_kernels(target, reps=2 if args.quick else 5)
+        text = format_kernels(doc)
     elif getattr(args, "profile", False):
         target, _, _, _ = load_systems_models(args, device, dtype, False, err)
         doc = profile_decode(target)

@@ -32,6 +32,11 @@ MAX_ROWS = 16  # above this (prefill) oneDNN's blocked GEMM, which uses every co
 _lib = None
 _tried = False
 
+# A ctypes call is invisible to torch.profiler; bench.profile_decode sets RECORD so that each
+# product shows up as an event of this name (off otherwise: record_function costs a little).
+RECORD = False
+RECORD_NAME = "specdec_lab::panel_matmul"
+
 
 def _compiler():
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
@@ -114,7 +119,11 @@ def matmul(x: torch.Tensor, panels: torch.Tensor, n: int) -> torch.Tensor:
     rows = x.numel() // K
     x2 = x.reshape(rows, K).contiguous()
     y = torch.empty(rows, n_panels * pw, dtype=torch.float32)
-    _lib.panel_matmul(x2.data_ptr(), rows, panels.data_ptr(), y.data_ptr(), K, n_panels * pw)
+    if RECORD:
+        with torch.profiler.record_function(RECORD_NAME):
+            _lib.panel_matmul(x2.data_ptr(), rows, panels.data_ptr(), y.data_ptr(), K, n_panels * pw)
+    else:
+        _lib.panel_matmul(x2.data_ptr(), rows, panels.data_ptr(), y.data_ptr(), K, n_panels * pw)
     if n != n_panels * pw:
         y = y[:, :n]
     return y.view(*x.shape[:-1], n)

@@ -96,3 +96,11 @@ def test_ci_script_runs_make_test():
     lines = [ln.split("#", 1)[0].strip() for ln in script.read_text().splitlines()]
     assert "make test" in lines, "CI does not run the README's test command"
     assert script.stat().st_mode & 0o111, ".ci/run is not executable"
+
+
+def test_the_kernel_source_ships_with_the_package():
+    from fnmatch import fnmatch
+    from specdec_lab.kernels import SOURCE
+    patterns = pyproject()["tool"]["setuptools"]["package-data"]["specdec_lab"]
+    rel = SOURCE.relative_to(ROOT / "specdec_lab").as_posix()
+    assert SOURCE.exists() and any(fnmatch(rel, p) for p in patterns), f"{rel} would be left out of a wheel"
