@@ -1,18 +1,19 @@
 """A hand-written CPU kernel for the few-row float32 products of decode and verification.
 
-`csrc/panel_matmul.c` computes y = x @ W for x of 1..RB rows (more in further passes)
+`csrc/panel_matmul.cpp` computes y = x @ W for x of 1..RB rows (more in further passes)
 with W repacked once into contiguous column panels, so that the product reads the
-weight in address order. On this project's 2-core machine it streamed the narrow
-products of the default target (576 x 576, 1536 x 576) at about 21 GB/s, where
-PyTorch's one-row kernel managed 12 and oneDNN's packed kernel 11-15 (one thread,
-`python -m specdec_lab bench --kernels` prints the table). The file says how it works.
+weight in address order. On this project's 2-core machine, one thread, it streamed the
+narrow products of the default target (576 x 576, 1536 x 576) at 21-25 GB/s, where
+PyTorch's one-row kernel reached 12-13 and oneDNN's packed kernel 12-19
+(`python -m specdec_lab bench --kernels` prints the table). The file says how it works.
 
-It is compiled on first use with the C compiler at hand (`cc`, or $CC) into
-$SPECDEC_LAB_CACHE/kernels/, keyed by a hash of the source and the compiler flags,
-and loaded with ctypes: no build step at install time, nothing to do for a user.
-Where no compiler works, or SPECDEC_LAB_KERNELS=0, `available()` is False and
-`model.Linear` keeps PyTorch's kernels. The kernel runs on the calling thread only,
-so Linear uses it when torch runs one thread.
+It is compiled on first use with the C++ compiler at hand ($CXX, c++, g++ or clang++)
+into $SPECDEC_LAB_CACHE/kernels/, keyed by a hash of the source, the compiler, the flags
+and the torch version, and loaded with ctypes: no build step at install time, nothing
+to do for a user. The first build links against torch's ATen and OpenMP runtime, so
+products split over torch's own threads; where that fails a serial build runs on the
+calling thread, and where no build works, or SPECDEC_LAB_KERNELS=0, `available()` is
+False and `model.Linear` keeps PyTorch's kernels.
 """
 import ctypes
 import hashlib
@@ -25,9 +26,19 @@ from pathlib import Path
 
 import torch
 
-SOURCE = Path(__file__).parent / "csrc" / "panel_matmul.c"
-FLAG_SETS = (["-O3", "-march=native", "-ffp-contract=fast"], ["-O3", "-ffp-contract=fast"])
-MAX_ROWS = 16  # above this (prefill) oneDNN's blocked GEMM, which uses every core, does better
+SOURCE = Path(__file__).parent / "csrc" / "panel_matmul.cpp"
+MAX_ROWS = 16  # above this (prefill) oneDNN's blocked GEMM does better
+
+
+def _flag_sets():
+    """Compiler flags to try in turn: threaded through torch's ATen, then serial, native then generic."""
+    torch_dir = Path(torch.__file__).parent
+    common = ["-O3", "-ffp-contract=fast", "-std=c++17", "-shared", "-fPIC"]
+    threaded = ["-march=native", "-fopenmp", f"-I{torch_dir / 'include'}",
+                f"-D_GLIBCXX_USE_CXX11_ABI={int(torch.compiled_with_cxx11_abi())}",
+                f"-L{torch_dir / 'lib'}", "-ltorch_cpu", "-lc10", f"-Wl,-rpath,{torch_dir / 'lib'}"]
+    return [common + threaded, common + ["-march=native", "-DSPECDEC_LAB_SERIAL"], common + ["-DSPECDEC_LAB_SERIAL"]]
+
 
 _lib = None
 _tried = False
@@ -39,31 +50,30 @@ RECORD_NAME = "specdec_lab::panel_matmul"
 
 
 def _compiler():
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
-    if cc is None:
-        raise RuntimeError("no C compiler found (set CC)")
-    return cc
+    cxx = (os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++") or shutil.which("clang++"))
+    if cxx is None:
+        raise RuntimeError("no C++ compiler found (set CXX)")
+    return cxx
 
 
 def build(cache=None) -> Path:
-    """Compile the kernel (once per source, compiler and flags) and return the shared library's path."""
+    """Compile the kernel (once per source, compiler, flags and torch) and return the library's path."""
     from .assets import cache_dir
-    cc, src = _compiler(), SOURCE.read_bytes()
+    cxx, src = _compiler(), SOURCE.read_bytes()
     errors = []
-    for flags in FLAG_SETS:
-        key = hashlib.sha256(src + cc.encode() + " ".join(flags).encode()).hexdigest()[:16]
+    for flags in _flag_sets():
+        key = hashlib.sha256(src + "|".join([cxx, torch.__version__, *flags]).encode()).hexdigest()[:16]
         out = Path(cache or cache_dir() / "kernels") / f"panel_matmul-{key}.so"
         if out.exists():
             return out
         out.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
             tmp_out = Path(tmp) / out.name
-            r = subprocess.run([cc, *flags, "-shared", "-fPIC", str(SOURCE), "-o", str(tmp_out)],
-                               capture_output=True, text=True)
+            r = subprocess.run([cxx, str(SOURCE), "-o", str(tmp_out), *flags], capture_output=True, text=True)
             if r.returncode == 0:
                 os.replace(tmp_out, out)  # atomic: a concurrent build loses nothing
                 return out
-            errors.append(f"{cc} {' '.join(flags)}: {r.stderr.strip()[:400]}")
+            errors.append(f"{cxx} {' '.join(flags)}: {r.stderr.strip()[:400]}")
     raise RuntimeError("could not compile " + SOURCE.name + ":\n" + "\n".join(errors))
 
 
@@ -76,19 +86,25 @@ def _load():
         return None
     try:
         lib = ctypes.CDLL(str(build()))
-    except (OSError, RuntimeError) as e:
+    except (OSError, RuntimeError) as e:  # OSError: built, but the loader refused it
         warnings.warn(f"specdec_lab: the panel kernel is unavailable, PyTorch's kernels are used ({e})")
         return None
     lib.panel_matmul.restype = None
     lib.panel_matmul.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p,
                                  ctypes.c_long, ctypes.c_long]
     lib.panel_width.restype = ctypes.c_long
+    lib.panel_threaded.restype = ctypes.c_long
     _lib = lib
     return lib
 
 
 def available() -> bool:
     return _load() is not None
+
+
+def threaded() -> bool:
+    """True when products split over torch's threads (torch.set_num_threads), False when serial."""
+    return available() and bool(_lib.panel_threaded())
 
 
 def panel_width() -> int:

@@ -24,11 +24,12 @@ from .masks import verification_mask
 
 
 # Products over a few float32 rows (decode's one, verification's K+1) go through the
-# project's own kernel (kernels.py, csrc/panel_matmul.c), which reads a copy of W laid out
+# project's own kernel (kernels.py, csrc/panel_matmul.cpp), which reads a copy of W laid out
 # as contiguous column panels. On this project's CPU, one thread, it streamed the narrow
-# products of the default target at about 21 GB/s where PyTorch's kernels reached 11-15,
-# and a K+1-row product costs little more than a one-row one. It runs on one thread, so
-# it is used when torch runs one; set PANEL_MATMUL = False to compare.
+# products of the default target at 21-25 GB/s where PyTorch's kernels reached 12-19,
+# and a K+1-row product costs little more than a one-row one. It splits over torch's own
+# threads; a serial build of it (where linking against torch failed) is used only when
+# torch runs one thread. Set PANEL_MATMUL = False to compare.
 PANEL_MATMUL = True
 
 # Other multi-row products (prefill, and verification when the panel kernel is not in use)
@@ -93,7 +94,8 @@ class Linear(nn.Module):
         w = self.weight
         rows = x.numel() // max(x.shape[-1], 1)
         if (PANEL_MATMUL and 0 < rows <= kernels.MAX_ROWS and w.dtype == torch.float32 and x.dtype == w.dtype
-                and w.device.type == "cpu" and torch.get_num_threads() == 1 and kernels.available()
+                and w.device.type == "cpu" and kernels.available()
+                and (kernels.threaded() or torch.get_num_threads() == 1)
                 and not (w.requires_grad and torch.is_grad_enabled())):
             y = kernels.matmul(x, self.panel_weight(), w.shape[1])
             return y + self.bias if self.bias is not None else y

@@ -1,4 +1,4 @@
-"""The panel kernel (csrc/panel_matmul.c) against PyTorch's product, and how Linear uses it."""
+"""The panel kernel (csrc/panel_matmul.cpp) against PyTorch's product, and how Linear uses it."""
 import os
 import subprocess
 import sys
@@ -38,6 +38,25 @@ def test_a_row_is_bit_for_bit_the_same_whatever_the_row_count():
     alone = torch.cat([kernels.matmul(x[i:i + 1], panels, 960) for i in range(12)])
     for rows in (2, 5, 8, 9, 12):
         assert torch.equal(kernels.matmul(x[:rows], panels, 960), alone[:rows]), rows
+
+
+def test_threads_split_the_panels_and_change_no_bit():
+    """With torch's threads the panels are shared out; each output is still computed by one thread
+    in the same order, so the product does not depend on the thread count."""
+    if not kernels.threaded():
+        pytest.skip("a serial build of the kernel (it could not link against torch here)")
+    torch.manual_seed(2)
+    w, x = torch.randn(576, 3072), torch.randn(5, 576)
+    panels = kernels.pack(w)
+    one = kernels.matmul(x, panels, 3072)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        two = kernels.matmul(x, panels, 3072)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(one, two)
+    assert torch.allclose(two, x @ w, rtol=1e-4, atol=1e-3)
 
 
 def test_pack_rejects_what_it_cannot_pack():
@@ -104,6 +123,6 @@ def test_switched_off_or_without_a_compiler_the_model_still_runs(tmp_path):
     off = _run(code, SPECDEC_LAB_KERNELS="0")
     assert off.returncode == 0, off.stderr
     assert off.stdout.split() == ["False", "True", "True", "False"]
-    broken = _run(code, CC="/bin/false", SPECDEC_LAB_CACHE=str(tmp_path))
+    broken = _run(code, CXX="/bin/false", SPECDEC_LAB_CACHE=str(tmp_path))
     assert broken.returncode == 0, broken.stderr
     assert broken.stdout.split() == ["False", "True", "True", "True"], "a failed build must warn and fall back"

@@ -1,0 +1,95 @@
+/* y (R, N) = x (R, K) @ W (K, N) for the few rows of decode and verification, in float32.
+ *
+ * Batch-1 decode is a matrix-vector product: every weight is read once per token and
+ * used for one multiply-add, so the time is the time to stream W from memory. A plain
+ * row-major W makes a narrow product (576 x 576, say) jump between rows; prefetchers
+ * and TLBs lose time on it. Here W is stored once, ahead of time, as column panels:
+ *
+ *     P[t][k][j] = W[k][t * PW + j]      t < N / PW, k < K, j < PW
+ *
+ * so one panel is a single contiguous stream of K * PW floats, and the whole product
+ * reads P front to back, in address order. Each panel's PW output columns, for up to
+ * RB rows, stay in registers (RB * PW / 16 = 16 AVX-512 registers) while its K rows go
+ * by; the compiler vectorises the j loops. More than RB rows take further passes over
+ * the same panel, which is then still in L2.
+ *
+ * Every output element is one chain of fused multiply-adds in k order, whatever R is,
+ * so a row's result is bit-for-bit the same in a one-row product and in a K+1-row
+ * verification product.
+ *
+ * Panels are independent, so with several threads each takes a share of them. Threads come
+ * from PyTorch's own pool (at::parallel_for, ATen's OpenMP runtime), so the kernel and
+ * torch's operators never compete with two sets of threads; torch.set_num_threads rules
+ * both. Built without ATen (SPECDEC_LAB_SERIAL), it runs on the calling thread.
+ *
+ * Built at first use by specdec_lab/kernels.py with the C++ compiler at hand:
+ *     c++ -O3 -march=native -ffp-contract=fast -fopenmp -shared -fPIC, against torch's headers
+ */
+#ifndef SPECDEC_LAB_SERIAL
+#include <ATen/Parallel.h>
+#endif
+
+#define PW 32        /* panel width, in floats: N must be a multiple (kernels.py pads) */
+#define RB 8         /* rows held in registers per pass over a panel */
+#define PREFETCH 2048 /* floats ahead (8 KiB) that each step asks the memory system for */
+
+static inline __attribute__((always_inline)) void panel_rows(
+        const float *__restrict x, const long rows, const float *__restrict p,
+        float *__restrict y, const long K, const long N) {
+    float acc[RB][PW] = {{0}};
+    for (long k = 0; k < K; k++) {
+        const float *w = p + k * PW;
+        __builtin_prefetch(w + PREFETCH);
+        __builtin_prefetch(w + PREFETCH + 16);
+        for (long r = 0; r < rows; r++) {
+            const float xr = x[r * K + k];
+            for (long j = 0; j < PW; j++) acc[r][j] += xr * w[j];
+        }
+    }
+    for (long r = 0; r < rows; r++)
+        for (long j = 0; j < PW; j++) y[r * N + j] = acc[r][j];
+}
+
+/* Rows r0.. of panel t: the switch hands panel_rows a constant row count, so each case
+ * compiles to straight-line code with no row loop left. */
+static void one_panel(const float *x, long R, const float *P, float *y, long K, long N, long t) {
+    const float *p = P + t * K * PW;
+    for (long r0 = 0; r0 < R; r0 += RB) {
+        const float *xr = x + r0 * K;
+        float *yr = y + r0 * N + t * PW;
+        switch (R - r0 < RB ? R - r0 : RB) {
+        case 1: panel_rows(xr, 1, p, yr, K, N); break;
+        case 2: panel_rows(xr, 2, p, yr, K, N); break;
+        case 3: panel_rows(xr, 3, p, yr, K, N); break;
+        case 4: panel_rows(xr, 4, p, yr, K, N); break;
+        case 5: panel_rows(xr, 5, p, yr, K, N); break;
+        case 6: panel_rows(xr, 6, p, yr, K, N); break;
+        case 7: panel_rows(xr, 7, p, yr, K, N); break;
+        case 8: panel_rows(xr, 8, p, yr, K, N); break;
+        }
+    }
+}
+
+/* x (R, K) and y (R, N) row-major; P as above, N a multiple of PW. */
+extern "C" void panel_matmul(const float *x, long R, const float *P, float *y, long K, long N) {
+    const long panels = N / PW;
+#ifdef SPECDEC_LAB_SERIAL
+    for (long t = 0; t < panels; t++) one_panel(x, R, P, y, K, N, t);
+#else
+    const long grain = (16384 + K * PW - 1) / (K * PW);  /* at least 64 KiB of weight per task */
+    at::parallel_for(0, panels, grain, [&](int64_t begin, int64_t end) {
+        for (long t = begin; t < end; t++) one_panel(x, R, P, y, K, N, t);
+    });
+#endif
+}
+
+extern "C" long panel_width(void) { return PW; }
+
+/* 1 when products split over torch's threads, 0 when they run on the calling thread. */
+extern "C" long panel_threaded(void) {
+#ifdef SPECDEC_LAB_SERIAL
+    return 0;
+#else
+    return 1;
+#endif
+}
