@@ -42,6 +42,7 @@ def _flag_sets():
 
 _lib = None
 _tried = False
+_threaded = False
 
 # A ctypes call is invisible to torch.profiler; bench.profile_decode sets RECORD so that each
 # product shows up as an event of this name (off otherwise: record_function costs a little).
@@ -94,6 +95,11 @@ def _load():
                                  ctypes.c_long, ctypes.c_long]
     lib.panel_width.restype = ctypes.c_long
     lib.panel_threaded.restype = ctypes.c_long
+    lib.rms_norm.restype = None
+    lib.rms_norm.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_float,
+                             ctypes.c_void_p]
+    global _threaded
+    _threaded = bool(lib.panel_threaded())
     _lib = lib
     return lib
 
@@ -104,7 +110,7 @@ def available() -> bool:
 
 def threaded() -> bool:
     """True when products split over torch's threads (torch.set_num_threads), False when serial."""
-    return available() and bool(_lib.panel_threaded())
+    return available() and _threaded
 
 
 def panel_width() -> int:
@@ -143,3 +149,14 @@ def matmul(x: torch.Tensor, panels: torch.Tensor, n: int) -> torch.Tensor:
     if n != n_panels * pw:
         y = y[:, :n]
     return y.view(*x.shape[:-1], n)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm over the last dimension of a float32 CPU x, one call for all its rows."""
+    D = x.shape[-1]
+    if weight.shape != (D,):
+        raise ValueError(f"weight must have shape ({D},), got {tuple(weight.shape)}")
+    x2 = x.contiguous()
+    y = torch.empty_like(x2)
+    _lib.rms_norm(x2.data_ptr(), x2.numel() // D, D, weight.contiguous().data_ptr(), eps, y.data_ptr())
+    return y

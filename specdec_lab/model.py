@@ -29,7 +29,8 @@ from .masks import verification_mask
 # products of the default target at 21-25 GB/s where PyTorch's kernels reached 12-19,
 # and a K+1-row product costs little more than a one-row one. It splits over torch's own
 # threads; a serial build of it (where linking against torch failed) is used only when
-# torch runs one thread. Set PANEL_MATMUL = False to compare.
+# torch runs one thread. RMSNorm over the same few rows goes through the same library.
+# Set PANEL_MATMUL = False to compare: both then run PyTorch's kernels.
 PANEL_MATMUL = True
 
 # Other multi-row products (prefill, and verification when the panel kernel is not in use)
@@ -47,6 +48,14 @@ _PACK_ROWS_HINT = 5  # the row count oneDNN tunes the layout for; it serves any 
 
 
 _HAVE_PACKING = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+
+
+def _use_kernels(x: torch.Tensor, w: torch.Tensor) -> bool:
+    """The project's CPU kernels (kernels.py) take this call: float32 on the CPU, a few rows,
+    nothing to differentiate, and a kernel library that built."""
+    return (PANEL_MATMUL and x.dtype == torch.float32 and w.dtype == torch.float32 and w.device.type == "cpu"
+            and 0 < x.numel() <= kernels.MAX_ROWS * x.shape[-1]
+            and not (w.requires_grad and torch.is_grad_enabled()) and kernels.available())
 
 
 def _can_pack(w: torch.Tensor) -> bool:
@@ -93,10 +102,7 @@ class Linear(nn.Module):
     def forward(self, x):
         w = self.weight
         rows = x.numel() // max(x.shape[-1], 1)
-        if (PANEL_MATMUL and 0 < rows <= kernels.MAX_ROWS and w.dtype == torch.float32 and x.dtype == w.dtype
-                and w.device.type == "cpu" and kernels.available()
-                and (kernels.threaded() or torch.get_num_threads() == 1)
-                and not (w.requires_grad and torch.is_grad_enabled())):
+        if _use_kernels(x, w) and (kernels.threaded() or torch.get_num_threads() == 1):
             y = kernels.matmul(x, self.panel_weight(), w.shape[1])
             return y + self.bias if self.bias is not None else y
         if (PACKED_MATMUL and (rows > 1 or w.dtype == torch.bfloat16) and _can_pack(w) and x.dtype == w.dtype
@@ -155,6 +161,8 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x):
+        if _use_kernels(x, self.weight):  # decode and verification rows: one call (kernels.py)
+            return kernels.rms_norm(x, self.weight, self.eps)
         if x.dtype == torch.float32:  # one fused op; the same sums as below
             return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         x32 = x.float()

@@ -126,3 +126,22 @@ def test_switched_off_or_without_a_compiler_the_model_still_runs(tmp_path):
     broken = _run(code, CXX="/bin/false", SPECDEC_LAB_CACHE=str(tmp_path))
     assert broken.returncode == 0, broken.stderr
     assert broken.stdout.split() == ["False", "True", "True", "True"], "a failed build must warn and fall back"
+
+
+def test_rms_norm_equals_the_formula_and_the_module_uses_it_for_few_rows():
+    from specdec_lab.model import RMSNorm
+    torch.manual_seed(3)
+    x, w = torch.randn(2, 3, 576) * 3, torch.randn(576)
+    ref = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * w
+    assert torch.allclose(kernels.rms_norm(x, w, 1e-5), ref, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="weight must have shape"):
+        kernels.rms_norm(x, torch.randn(5), 1e-5)
+    norm = RMSNorm(576, 1e-5)
+    with torch.no_grad():
+        norm.weight.copy_(w)
+        assert torch.allclose(norm(x), ref, rtol=1e-5, atol=1e-5)
+        one = norm(x[:1, :1])
+        assert torch.equal(norm(x)[:1, :1], one), "a row's norm must not depend on the other rows"
+    y = norm(x).sum()  # training: PyTorch's rms_norm, which has a backward
+    y.backward()
+    assert norm.weight.grad is not None

@@ -196,7 +196,9 @@ def test_batched_forward_equals_one_row_at_a_time(tiny_pair):
     with torch.no_grad():
         both = model(ids)
         rows = torch.cat([model(ids[i:i + 1]) for i in range(2)])
-    assert max_diff(both, rows) <= 1e-5, "one batch row leaks into another"
+    # 24 rows take PyTorch's kernels, 12 the project's (kernels.MAX_ROWS): their sums round
+    # differently, by about 1e-5 here. A row leaking into another would move logits by O(1).
+    assert max_diff(both, rows) <= 1e-4, "one batch row leaks into another"
 
 
 def test_explicit_input_pos_equals_the_cache_default(tiny_pair):
