@@ -107,8 +107,9 @@ class CostAwareController(_Controller):
         if verify_cost is not None and not all(v > 0 for v in dict(verify_cost).values()):
             raise ValueError(f"verify_cost must map K to a positive cost, got {verify_cost!r}")
         # verify_cost[K]: a (K+1)-token target forward over a one-token one (acceptance.measure_verify_cost).
-        # The theorem takes it as 1. On this project's CPU it measured 1.04-1.1 for K = 2..5 with
-        # model.PACKED_MATMUL on, 1.3-1.5 at K = 1 and beyond 5, and up to 2.5 with it off.
+        # The theorem takes it as 1. On this project's CPU it measured 1.04-1.17 for K = 1..5 and
+        # 1.2-1.5 beyond with the panel kernel (model.PANEL_MATMUL), and up to 2.5 with PyTorch's
+        # default kernel: it rises as the one-token forward it is measured against gets faster.
         self.decay, self.fixed_c, self.verify_cost, self.carry = decay, c, dict(verify_cost or {}), carry
         self._alpha = None
         super().__init__(k_min, k_max, k_start, warmup)

@@ -3,13 +3,15 @@
 `csrc/panel_matmul.cpp` computes y = x @ W for x of 1..RB rows (more in further passes)
 with W repacked once into contiguous column panels, so that the product reads the
 weight in address order. On this project's 2-core machine, one thread, it streamed the
-narrow products of the default target (576 x 576, 1536 x 576) at 21-25 GB/s, where
-PyTorch's one-row kernel reached 12-13 and oneDNN's packed kernel 12-19
+narrow products of the default target (576 x 576, 1536 x 576) at 22-25 GB/s for one row,
+where PyTorch's kernel reached 13 and oneDNN's packed kernel 12-14, and at 21-23 GB/s for
+the 5 rows of a K = 4 verification, where oneDNN reached 15-19
 (`python -m specdec_lab bench --kernels` prints the table). The file says how it works.
+RMSNorm over the same few rows is in the library too: one call instead of several operators.
 
 It is compiled on first use with the C++ compiler at hand ($CXX, c++, g++ or clang++)
-into $SPECDEC_LAB_CACHE/kernels/, keyed by a hash of the source, the compiler, the flags
-and the torch version, and loaded with ctypes: no build step at install time, nothing
+into $SPECDEC_LAB_CACHE/kernels/, keyed by a hash of the source, the compiler, the flags,
+the torch version and the processor, and loaded with ctypes: no build step at install time, nothing
 to do for a user. The first build links against torch's ATen and OpenMP runtime, so
 products split over torch's own threads; where that fails a serial build runs on the
 calling thread, and where no build works, or SPECDEC_LAB_KERNELS=0, `available()` is
@@ -18,6 +20,7 @@ False and `model.Linear` keeps PyTorch's kernels.
 import ctypes
 import hashlib
 import os
+import platform
 import shutil
 import subprocess
 import tempfile
@@ -57,13 +60,22 @@ def _compiler():
     return cxx
 
 
+def _cpu_id() -> str:
+    """What -march=native compiles for: a library built on one processor may not run on another."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+        return "|".join(sorted({line for line in info.splitlines() if line.startswith(("model name", "flags"))}))
+    except OSError:
+        return f"{platform.machine()}|{platform.processor()}"
+
+
 def build(cache=None) -> Path:
-    """Compile the kernel (once per source, compiler, flags and torch) and return the library's path."""
+    """Compile the kernel (once per source, compiler, flags, torch and processor) and return the library's path."""
     from .assets import cache_dir
     cxx, src = _compiler(), SOURCE.read_bytes()
     errors = []
     for flags in _flag_sets():
-        key = hashlib.sha256(src + "|".join([cxx, torch.__version__, *flags]).encode()).hexdigest()[:16]
+        key = hashlib.sha256(src + "|".join([cxx, torch.__version__, _cpu_id(), *flags]).encode()).hexdigest()[:16]
         out = Path(cache or cache_dir() / "kernels") / f"panel_matmul-{key}.so"
         if out.exists():
             return out
