@@ -2,11 +2,12 @@
 
 `csrc/panel_matmul.cpp` computes y = x @ W for x of 1..RB rows (more in further passes)
 with W repacked once into contiguous column panels, so that the product reads the
-weight in address order. On this project's 2-core machine, one thread, it streamed the
-narrow products of the default target (576 x 576, 1536 x 576) at 22-25 GB/s for one row,
-where PyTorch's kernel reached 13 and oneDNN's packed kernel 12-14, and at 21-23 GB/s for
-the 5 rows of a K = 4 verification, where oneDNN reached 15-19
-(`python -m specdec_lab bench --kernels` prints the table). The file says how it works.
+weight in address order. On this project's 2-core machine, one thread, one run of
+`python -m specdec_lab bench --kernels` measured the narrow products of the default
+target (576 x 576, 1536 x 576) at 19.0 and 24.5 GB/s for one row, where PyTorch's kernel
+reached 12.1 and 12.4 and oneDNN's packed one 11.5 and 14.3; for the 5 rows of a K = 4
+verification, 16.4 and 21.7 against oneDNN's 13.0 and 18.2. (Runs differ by up to a
+third on this shared machine; the order of the kernels has not.) The file says how it works.
 RMSNorm over the same few rows is in the library too: one call instead of several operators.
 
 It is compiled on first use with the C++ compiler at hand ($CXX, c++, g++ or clang++)

@@ -25,10 +25,10 @@ from .masks import verification_mask
 
 # Products over a few float32 rows (decode's one, verification's K+1) go through the
 # project's own kernel (kernels.py, csrc/panel_matmul.cpp), which reads a copy of W laid out
-# as contiguous column panels. On this project's CPU, one thread, it streamed the narrow
-# products of the default target at 22-25 GB/s where PyTorch's kernels reached 12-14
-# (one row) and oneDNN's 15-19 (5 rows), and a whole one-token forward went from 39 to
-# 29 ms (acceptance.measure_step_costs, the two interleaved). It splits over torch's own
+# as contiguous column panels. On this project's CPU, one thread, it streamed every kind
+# of the default target's products faster than PyTorch's and oneDNN's kernels, for one row
+# and for five (`python -m specdec_lab bench --kernels`), and a whole one-token forward went
+# from 39 to 29 ms (acceptance.measure_step_costs, the two interleaved). It splits over torch's own
 # threads; a serial build of it (where linking against torch failed) is used only when
 # torch runs one thread. RMSNorm over the same few rows goes through the same library.
 # Set PANEL_MATMUL = False to compare: both then run PyTorch's kernels.
