@@ -137,7 +137,7 @@ def pack(w: torch.Tensor) -> torch.Tensor:
     pw = panel_width()
     K, N = w.shape
     n_pad = -N % pw
-    w = torch.nn.functional.pad(w.detach(), (0, n_pad)) if n_pad else w.detach()
+    w = torch.nn.functional.pad(w.detach(), (0, n_pad)) if n_pad else w.detach().contiguous()
     numel = K * (N + n_pad)
     buf = torch.empty(numel + 16, dtype=torch.float32)
     off = (-buf.data_ptr() // 4) % 16  # whole 64-byte cache lines per panel row

@@ -23,9 +23,11 @@ def test_panel_product_equals_torch(K, N, rows):
     assert torch.allclose(y, x @ w, rtol=1e-4, atol=1e-4 * K ** 0.5)
 
 
-def test_leading_dimensions_are_rows():
+def test_leading_dimensions_are_rows_and_layouts_do_not_matter():
     w, x = torch.randn(48, 70), torch.randn(2, 3, 48)
     assert torch.allclose(kernels.matmul(x, kernels.pack(w), 70), x @ w, atol=1e-4)
+    wt, xt = torch.randn(64, 48).t(), torch.randn(48, 3).t()  # transposed views: not contiguous
+    assert torch.allclose(kernels.matmul(xt, kernels.pack(wt), 64), xt @ wt, atol=1e-4)
 
 
 def test_a_row_is_bit_for_bit_the_same_whatever_the_row_count():
