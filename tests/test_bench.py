@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from specdec_lab import bench
+from specdec_lab import model as model_module
 from specdec_lab.config import ModelConfig
 from specdec_lab.pair import tiny_model
 from specdec_lab.roofline import expected_speedup
@@ -249,3 +250,28 @@ def test_profile_decode_splits_a_token_into_products_and_the_rest():
     assert doc["weight_bytes"] == bench.streamed_weight_bytes(t.cfg, 4)
     assert doc["product_fraction_of_bandwidth"] == pytest.approx(doc["product_bytes_per_s"] / 1e10)
     assert "matrix products" in bench.format_profile(doc)
+    from specdec_lab import kernels
+    if kernels.available():  # the panel kernel's products are counted as products, not as the rest
+        model_module.PANEL_MATMUL = False
+        try:
+            without = bench.profile_decode(t, context=8, steps=3, bandwidth=1e10)
+        finally:
+            model_module.PANEL_MATMUL = True
+        assert doc["product_share"] > 0.5 * without["product_share"]
+
+
+def test_compare_kernels_times_every_product_kind_through_every_kernel():
+    from specdec_lab import kernels
+    t = tiny_model(0)
+    doc = bench.compare_kernels(t, rows=(1, 3), reps=1)
+    kinds = {name.split(" ")[0] for name in doc["products"]}
+    assert kinds == {"wqkv", "wo", "w13", "w2", "head"}
+    expected = {"torch"} | ({"onednn"} if model_module._HAVE_PACKING else set()) | (
+        {"panel"} if kernels.available() else set())
+    for name, p in doc["products"].items():
+        assert set(p["gb_per_s"]) == expected, name
+        assert all(v > 0 for v in p["gb_per_s"].values())
+        assert p["bytes"] == p["matrices"] * 4 * int(name.split(" ")[1].split("x")[0]) * int(
+            name.split(" ")[1].split("x")[1].rstrip(","))
+    header = bench.format_kernels(doc).splitlines()[1]
+    assert all(system in header for system in expected)
