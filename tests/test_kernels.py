@@ -10,7 +10,7 @@ from specdec_lab import kernels
 from specdec_lab import model as model_module
 from specdec_lab.model import Linear
 
-pytestmark = pytest.mark.skipif(not kernels.available(), reason="no working C compiler on this machine")
+pytestmark = pytest.mark.skipif(not kernels.available(), reason="the kernel did not build here (no working C++ compiler)")
 
 
 @pytest.mark.parametrize("K,N", [(64, 96), (576, 960), (37, 50), (1, 1), (200, 33)])
