@@ -14,6 +14,7 @@ acceptance rate E[min(1, p/q)]; c is the cost of a draft forward relative to a
 target forward.
 """
 from .config import MAX_K, ModelConfig, SamplingConfig
+from .drafters import LookupThenModelDrafter, ModelDrafter, NGramDrafter
 from .engine import GenerationResult, SpeculativeEngine, autoregressive_generate
 from .kv_cache import KVCache
 from .metrics import RunStats, StepRecord
@@ -25,5 +26,5 @@ __all__ = [
     "MAX_K", "ModelConfig", "SamplingConfig", "GenerationResult", "SpeculativeEngine",
     "autoregressive_generate", "KVCache", "RunStats", "StepRecord", "Transformer", "init_weights",
     "ModelPair", "default_draft_dir", "load_default_pair", "load_pair", "tiny_model", "verify",
-    "verify_reference",
+    "verify_reference", "ModelDrafter", "NGramDrafter", "LookupThenModelDrafter",
 ]

@@ -112,7 +112,8 @@ def cmd_bench(args):
 
 
 def add_bench_parser(sub):
-    b = sub.add_parser("bench", help="this engine (autoregressive, speculative K = 1..8, adaptive K) against "
+    b = sub.add_parser("bench", help="this engine (autoregressive, speculative K = 1..8, adaptive K, early stop, "
+                       "prompt lookup + draft) against "
                        "transformers generate and assisted generation; a table, then one JSON line")
     b.add_argument("--quick", action="store_true", help="2 prompts, 16 tokens, K in {2, 4}: a smoke run")
     b.add_argument("--prompts", type=int, help="the first N of the 24 benchmark prompts (default 24)")
@@ -121,6 +122,8 @@ def add_bench_parser(sub):
     b.add_argument("--ks", help="fixed draft lengths: 1-8 (default) or a list like 2,4")
     b.add_argument("--no-hf", action="store_true", help="skip the transformers systems")
     b.add_argument("--no-adaptive", action="store_true", help="skip adaptive K")
+    b.add_argument("--no-refinements", action="store_true",
+                   help="skip the early-stopping draft and prompt lookup + draft (K <= 6)")
     b.add_argument("--threads", type=int, help="torch threads (default: all cores)")
     b.add_argument("--target", help="hub id or folder of the target (default: SmolLM2-135M-Instruct)")
     b.add_argument("--draft", "--draft-dir", dest="draft",

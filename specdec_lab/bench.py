@@ -48,6 +48,7 @@ from . import model as model_module
 from .acceptance import Clock, StepCosts, measure_step_costs  # noqa: F401 (bench.Clock etc. are used by chapters)
 from .adaptive import CostAwareController, optimal_k
 from .config import ModelConfig
+from .drafters import LookupThenModelDrafter, ModelDrafter
 from .engine import SpeculativeEngine, autoregressive_generate
 from .prompts import BENCH_PROMPTS
 from .roofline import expected_speedup, expected_tokens_per_step
@@ -202,13 +203,20 @@ class System:
     k: int | None = None  # fixed draft length, None for adaptive or no drafting
     own: bool = True  # this engine (has step statistics) or transformers
     drafts: bool = False
+    k_max: int | None = None  # a ceiling on K that the drafter may stop short of (no prediction then)
+
+
+# The two drafting refinements the bench runs beside fixed and adaptive K (drafters.py): the
+# draft stops at a position whose top probability is below STOP_BELOW, with K = STOP_K as a
+# ceiling; and prompt lookup proposes wherever the context repeats a STOP_K-token span.
+STOP_K, STOP_BELOW = 6, 0.2
 
 
 def make_systems(target, draft, ks, adaptive=True, hf_target=None, hf_draft=None, fixed_c=None,
-                 verify_cost=None) -> list:
+                 verify_cost=None, refinements=True) -> list:
     """The systems in their table order. `fixed_c` pins the adaptive controller's c (CUDA);
     `verify_cost` ({K: cost of a K+1-token forward over a one-token one}) is what it assumes
-    a verification costs."""
+    a verification costs. `refinements` adds the early-stopping draft and lookup + draft."""
     eos = target.cfg.eos_token_ids
 
     def ar(ids, n, temperature, seed):
@@ -230,6 +238,18 @@ def make_systems(target, draft, ks, adaptive=True, hf_target=None, hf_draft=None
             res = engine_a.generate(ids, max_new_tokens=n, temperature=temperature, seed=seed)
             return res.tokens, res
         systems.append(System("spec_adaptive", "speculative, adaptive K", spec_adaptive, drafts=True))
+    if refinements:
+        for name, label, drafter in (
+                ("spec_stop", f"spec, K<={STOP_K}, stop at q<{STOP_BELOW:g}",
+                 ModelDrafter(draft, 2048, stop_below=STOP_BELOW)),
+                ("spec_lookup", "spec, prompt lookup + stop",
+                 LookupThenModelDrafter(draft, 2048, stop_below=STOP_BELOW))):
+            engine_r = SpeculativeEngine(target, drafter, k=STOP_K)
+
+            def spec_refined(ids, n, temperature, seed, engine_r=engine_r):
+                res = engine_r.generate(ids, max_new_tokens=n, temperature=temperature, seed=seed)
+                return res.tokens, res
+            systems.append(System(name, label, spec_refined, drafts=True, k_max=STOP_K))
     if hf_target is not None:
         from .weights import hf_generate
 
@@ -254,6 +274,7 @@ class BenchConfig:
     temperatures: tuple = (0.0, 0.7)
     ks: tuple = tuple(range(1, 9))  # fixed draft lengths; adaptive K runs besides them
     adaptive: bool = True
+    refinements: bool = True  # the early-stopping draft, and prompt lookup + draft (STOP_K, STOP_BELOW)
     hf: bool = True  # the transformers systems (need the HF models)
     seed: int = 0  # prompt i runs with seed + i, the same for every system
     cost_reps: int = 20  # rounds of measure_step_costs
@@ -319,21 +340,27 @@ def summarize_system(s: System, t: Tally, tallies: dict, alpha: float, costs: St
     if not s.drafts:
         return out
     mean_k = t.drafted / t.steps if t.steps else 0.0
-    k_pred = s.k if s.k is not None else optimal_k(alpha, costs.c, 1, max(ks or (8,)))
-    v = costs.verify_cost(k_pred) if k_pred in costs.verify else None
-    predicted = predicted_speedup(alpha, k_pred, costs.c)
-    out.update({
+    common = {
         "mean_k": mean_k,
         "alpha": alpha_from_steps(t.accepted, t.rejections),  # this system's own steps
         "acceptance_rate": t.accepted / t.drafted if t.drafted else 0.0,
         "c": (t.draft_seconds / t.drafted) / ar_token_s if t.drafted and ar_token_s else None,  # as run
         "draft_seconds_per_token": t.draft_seconds / t.drafted if t.drafted else None,
         "target_seconds_per_step": t.target_seconds / t.steps if t.steps else None,
+        "measured_speedup": out["vs_ar"],
+    }
+    out.update(common)
+    if s.k_max is not None:  # K varies within a step's drafting: Theorem 3.8 has no single K to use
+        out["k"] = f"<={s.k_max}"
+        return out
+    k_pred = s.k if s.k is not None else optimal_k(alpha, costs.c, 1, max(ks or (8,)))
+    v = costs.verify_cost(k_pred) if k_pred in costs.verify else None
+    predicted = predicted_speedup(alpha, k_pred, costs.c)
+    out.update({
         "predicted_k": k_pred,
         "predicted_tokens_per_step": expected_tokens_per_step(alpha, k_pred),
         "predicted_speedup": predicted,
         "predicted_speedup_with_verify_cost": predicted_speedup(alpha, k_pred, costs.c, v) if v else None,
-        "measured_speedup": out["vs_ar"],
         "prediction_error": out["vs_ar"] / predicted - 1.0 if out["vs_ar"] else None,
     })
     return out
@@ -382,8 +409,12 @@ def _targets(results, roofline) -> dict:
             put(f"{tag}_best_speculative_vs_hf_assisted", sy[best]["vs_hf_assisted"], 1.5)
         if "hf_generate" in sy:
             put(f"{tag}_ar_vs_hf_generate", sy["ar"]["vs_hf_generate"], 1.5)
-        err = sy[best].get("prediction_error")
-        put(f"{tag}_best_speculative_prediction_error", abs(err) if err is not None else None, 0.15, at_least=False)
+        # Theorem 3.8 predicts fixed-K and adaptive systems only: the fastest of those is compared.
+        predicted = [n for n in spec if sy[n].get("prediction_error") is not None]
+        if predicted:
+            best_p = max(predicted, key=lambda n: sy[n]["tokens_per_second"])
+            out[f"{tag}_prediction_error_of"] = best_p
+            put(f"{tag}_prediction_error", abs(sy[best_p]["prediction_error"]), 0.15, at_least=False)
     put("ar_fraction_of_bandwidth", roofline["fraction_of_bandwidth"], 0.6)
     return out
 
@@ -403,7 +434,7 @@ def run_bench(target, draft, cfg: BenchConfig, hf_target=None, hf_draft=None, lo
     fixed_c = costs.c if device.type == "cuda" else None  # host clocks misplace GPU time (adaptive.py)
     systems = make_systems(target, draft, cfg.ks, cfg.adaptive, hf_target if cfg.hf else None,
                            hf_draft if cfg.hf else None, fixed_c,
-                           {k: costs.verify_cost(k) for k in costs.verify})
+                           {k: costs.verify_cost(k) for k in costs.verify}, cfg.refinements)
     results, ar_all = [], Tally()
     for temperature in cfg.temperatures:
         tallies = run_systems(systems, prompt_ids, cfg, temperature, clock, log, probe)
@@ -880,6 +911,8 @@ def _overrides(args) -> dict:
         o["hf"] = False
     if args.no_adaptive:
         o["adaptive"] = False
+    if getattr(args, "no_refinements", False):
+        o["refinements"] = False
     return o
 
 

@@ -21,9 +21,25 @@ from .kv_cache import KVCache
 from .sampling import logits_to_probs, sample
 
 
+def check_stop_below(stop_below):
+    if stop_below is not None and (isinstance(stop_below, bool) or not isinstance(stop_below, (int, float))
+                                   or not 0.0 < stop_below < 1.0):
+        raise ValueError(f"stop_below must be None or a number in (0, 1), got {stop_below!r}")
+
+
 class ModelDrafter:
-    def __init__(self, model, capacity, cache_factory=KVCache.for_model):
-        self.model = model
+    """A small model drafts d_1..d_k one forward at a time.
+
+    stop_below: stop drafting early once the draft's top probability at a position
+    falls below it (the position's token is still proposed). An unsure draft is
+    usually wrong, and every further token would cost a draft forward and a
+    verification row for little chance of acceptance; k becomes a ceiling. It reads
+    one number per draft token to the host: on CUDA that is a sync per token.
+    """
+
+    def __init__(self, model, capacity, cache_factory=KVCache.for_model, stop_below=None):
+        check_stop_below(stop_below)
+        self.model, self.stop_below = model, stop_below
         self.cache = cache_factory(model.cfg, capacity, dtype=model.dtype, device=model.device)
         self.pending = []  # committed tokens the draft's cache has not seen yet
 
@@ -45,12 +61,15 @@ class ModelDrafter:
             logits = self.model(x, cache=self.cache, last_only=True)[0, -1]  # (V,)
             if sampling.greedy:
                 d = logits.argmax(-1)
+                q = torch.softmax(logits, -1) if self.stop_below is not None else None
             else:
                 q = logits_to_probs(logits, sampling.temperature, sampling.top_k, sampling.top_p)
                 d = sample(q, generator)
                 qs.append(q)
             ids.append(d)
             x = d.view(1, 1)
+            if self.stop_below is not None and i + 1 < k and float(q.max()) < self.stop_below:
+                break
         draft_ids = torch.stack(ids) if ids else torch.empty(0, dtype=torch.long, device=device)
         q = torch.stack(qs) if qs else None
         return draft_ids, q
@@ -146,3 +165,50 @@ class NGramDrafter:
 
     def commit(self, k, drafted, num_accepted, next_token):
         self._extend(list(drafted[:num_accepted]) + [next_token])
+
+
+class LookupThenModelDrafter:
+    """Prompt lookup where the context repeats itself, the draft model everywhere else.
+
+    Summaries, list edits and code copy spans of the prompt or of the answer so far;
+    there an n-gram match of at least `min_match` tokens proposes k copied tokens for
+    free. Where nothing matches, the model drafts. Both drafters see every committed
+    token: the n-gram index at once, the model's cache through its `pending` tokens,
+    fed in one forward when the model next drafts. Lookup proposals are one-hot (q
+    None), so verification stays lossless at any temperature.
+
+    `draft` is a Transformer (wrapped in a ModelDrafter with `stop_below`) or a ModelDrafter.
+    """
+
+    def __init__(self, draft, capacity=2048, min_match=2, max_ngram=4, stop_below=None):
+        check_stop_below(stop_below)
+        self.model = ModelDrafter(draft, capacity, stop_below=stop_below) if hasattr(draft, "cfg") else draft
+        self.lookup = NGramDrafter(max_ngram=max_ngram, min_ngram=min_match, device=self.model.model.device)
+        self.source = None  # who proposed the current step: "lookup" or "model"
+        self.lookup_steps = self.model_steps = 0
+
+    def reset(self):
+        self.model.reset()
+        self.lookup.reset()
+        self.source = None
+
+    def prefill(self, prompt_ids):
+        self.model.prefill(prompt_ids)
+        self.lookup.prefill(prompt_ids)
+        self.source = None
+
+    def propose(self, k, sampling, generator):
+        copied = self.lookup.lookup(k)
+        if copied:
+            self.source, self.lookup_steps = "lookup", self.lookup_steps + 1
+            return torch.tensor(copied, dtype=torch.long, device=self.lookup.device), None
+        self.source, self.model_steps = "model", self.model_steps + 1
+        return self.model.propose(k, sampling, generator)
+
+    def commit(self, k, drafted, num_accepted, next_token):
+        self.lookup.commit(k, drafted, num_accepted, next_token)
+        if self.source == "model":
+            self.model.commit(k, drafted, num_accepted, next_token)
+        else:  # the model never saw this step: queue what it committed
+            self.model.pending = self.model.pending + list(drafted[:num_accepted]) + [next_token]
+        self.source = None

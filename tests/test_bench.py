@@ -140,7 +140,7 @@ def quick_doc(default_target, hf_target, stand_in_draft_dir):
         torch.set_num_threads(threads)
 
 
-EXPECTED = ["ar", "spec_k2", "spec_adaptive", "hf_generate", "hf_assisted"]
+EXPECTED = ["ar", "spec_k2", "spec_adaptive", "spec_stop", "spec_lookup", "hf_generate", "hf_assisted"]
 
 
 @pytest.mark.slow
@@ -179,6 +179,20 @@ def test_predicted_speedup_is_theorem_3_8_from_the_measured_alpha_and_c(quick_do
 
 
 @pytest.mark.slow
+def test_variable_k_systems_carry_no_prediction_and_the_error_target_names_its_system(quick_doc):
+    for r in quick_doc["results"]:
+        tag = f"t{r['temperature']:g}"
+        for name in ("spec_stop", "spec_lookup"):
+            s = r["systems"][name]
+            assert s["k"] == f"<={bench.STOP_K}" and 0 < s["mean_k"] <= bench.STOP_K
+            assert "predicted_speedup" not in s and s["measured_speedup"] == s["vs_ar"]
+        t = quick_doc["targets"]
+        assert t[f"{tag}_prediction_error_of"] in ("spec_k2", "spec_adaptive")
+        assert t[f"{tag}_prediction_error"]["value"] == pytest.approx(
+            abs(r["systems"][t[f"{tag}_prediction_error_of"]]["prediction_error"]))
+
+
+@pytest.mark.slow
 def test_greedy_speculative_and_transformers_reproduce_greedy_decoding(quick_doc):
     sy = quick_doc["results"][0]["systems"]
     for name in EXPECTED:
@@ -208,7 +222,7 @@ def test_cli_prints_a_table_then_one_json_document_as_the_last_line(stand_in_dra
     lines = proc.stdout.strip().splitlines()
     doc = json.loads(lines[-1])
     assert len(lines) > 5 and "speculative, K=2" in proc.stdout, "the table should come before the JSON"
-    assert list(doc["results"][0]["systems"]) == ["ar", "spec_k2", "spec_adaptive"]
+    assert list(doc["results"][0]["systems"]) == ["ar", "spec_k2", "spec_adaptive", "spec_stop", "spec_lookup"]
     assert math.isfinite(doc["roofline"]["fraction_of_bandwidth"])
 
 
