@@ -50,7 +50,7 @@ from .adaptive import CostAwareController, optimal_k
 from .config import ModelConfig
 from .drafters import LookupThenModelDrafter, ModelDrafter
 from .engine import SpeculativeEngine, autoregressive_generate
-from .prompts import BENCH_PROMPTS
+from .prompts import BENCH_KINDS, BENCH_PROMPTS
 from .roofline import expected_speedup, expected_tokens_per_step
 from .sampling import logits_to_probs
 from .text import encode_prompt
@@ -176,6 +176,8 @@ class Tally:
     target_seconds: float = 0.0
     syncs: int = 0
     outputs: list = field(default_factory=list)  # the new ids of each call, prompt order
+    call_seconds: list = field(default_factory=list)  # the wall time of each call, prompt order
+    call_steps: list = field(default_factory=list)  # the steps of each call (own systems)
 
     def add(self, ids, tokens, seconds, stats=None, steps=()):
         self.calls += 1
@@ -183,8 +185,10 @@ class Tally:
         self.seconds += seconds
         self.prompt_tokens += len(ids)
         self.outputs.append(tokens)
+        self.call_seconds.append(seconds)
         if stats is None:
             return
+        self.call_steps.append(stats.steps)
         self.decode_seconds += stats.seconds
         self.steps += stats.steps
         self.drafted += stats.drafted
@@ -239,11 +243,12 @@ def make_systems(target, draft, ks, adaptive=True, hf_target=None, hf_draft=None
             return res.tokens, res
         systems.append(System("spec_adaptive", "speculative, adaptive K", spec_adaptive, drafts=True))
     if refinements:
+        capacity = min(2048, target.cfg.max_seq_len, draft.cfg.max_seq_len)
         for name, label, drafter in (
                 ("spec_stop", f"spec, K<={STOP_K}, stop at q<{STOP_BELOW:g}",
-                 ModelDrafter(draft, 2048, stop_below=STOP_BELOW)),
+                 ModelDrafter(draft, capacity, stop_below=STOP_BELOW)),
                 ("spec_lookup", "spec, prompt lookup + stop",
-                 LookupThenModelDrafter(draft, 2048, stop_below=STOP_BELOW))):
+                 LookupThenModelDrafter(draft, capacity, stop_below=STOP_BELOW))):
             engine_r = SpeculativeEngine(target, drafter, k=STOP_K)
 
             def spec_refined(ids, n, temperature, seed, engine_r=engine_r):
@@ -323,13 +328,31 @@ def _ratio(a, b):
     return a / b if a and b else None
 
 
-def summarize_system(s: System, t: Tally, tallies: dict, alpha: float, costs: StepCosts, ks) -> dict:
+def by_kind(t: Tally, ar: Tally, kinds) -> dict:
+    """{kind: tokens/s, its ratio to AR on the same prompts, tokens per step} over the calls of each
+    kind of prompt (kinds[i] is prompt i's)."""
+    out = {}
+    for kind in dict.fromkeys(kinds[:t.calls]):  # the kinds of the prompts that ran, in order
+        idx = [i for i, k in enumerate(kinds[:t.calls]) if k == kind]
+        tokens, seconds = sum(len(t.outputs[i]) for i in idx), sum(t.call_seconds[i] for i in idx)
+        ar_tokens, ar_seconds = sum(len(ar.outputs[i]) for i in idx), sum(ar.call_seconds[i] for i in idx)
+        tps = tokens / seconds if seconds > 0 else 0.0
+        steps = sum(t.call_steps[i] for i in idx) if t.call_steps else 0
+        out[kind] = {"prompts": len(idx), "tokens": tokens, "tokens_per_second": tps,
+                     "vs_ar": _ratio(tps, ar_tokens / ar_seconds if ar_seconds > 0 else 0.0),
+                     "mean_tokens_per_step": tokens / steps if steps else None}
+    return out
+
+
+def summarize_system(s: System, t: Tally, tallies: dict, alpha: float, costs: StepCosts, ks,
+                     kinds=BENCH_KINDS) -> dict:
     tps = t.tokens / t.seconds if t.seconds > 0 else 0.0
     rate = {n: (x.tokens / x.seconds if x.seconds > 0 else 0.0) for n, x in tallies.items()}
     out = {"label": s.label, "k": s.k if s.k is not None else ("adaptive" if s.drafts and s.own else None),
            "calls": t.calls, "tokens": t.tokens, "seconds": t.seconds, "tokens_per_second": tps,
            "vs_ar": _ratio(tps, rate.get("ar")), "vs_hf_generate": _ratio(tps, rate.get("hf_generate")),
-           "vs_hf_assisted": _ratio(tps, rate.get("hf_assisted"))}
+           "vs_hf_assisted": _ratio(tps, rate.get("hf_assisted")),
+           "by_kind": by_kind(t, tallies["ar"], kinds)}
     if not s.own:
         return out
     ar = tallies["ar"]
@@ -511,6 +534,11 @@ def format_table(doc) -> str:
                         f"{_f(s.get('c'), '6.3f')} {_f(s.get('predicted_speedup'), '5.2f')} "
                         f"{_f(s.get('predicted_speedup_with_verify_cost'), '6.2f')} "
                         f"{_f(s.get('measured_speedup'), '5.2f')}")
+        kinds = list(next(iter(r["systems"].values()))["by_kind"])
+        rows += ["", "speedup over AR by kind of prompt" + " " * 2 + "".join(f"{k:>9s}" for k in kinds)]
+        for name, s in r["systems"].items():
+            if name != "ar":
+                rows.append(f"  {s['label']:33s}" + "".join(_f(s["by_kind"][k]["vs_ar"], "9.2f") for k in kinds))
     bw = rf["bandwidth_samples"]
     spread = f"{bw['min'] / 1e9:.1f}-{bw['max'] / 1e9:.1f}" if bw["n"] else "-"
     rows += ["", f"roofline: memory read bandwidth {rf['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s (median of "

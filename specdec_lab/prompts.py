@@ -171,6 +171,9 @@ BENCH_PROMPTS = [
     "Sort these words alphabetically: zebra, mango, apple, kiwi, banana, lemon.",
     "Remove the duplicates from this list: cat, dog, cat, bird, dog, fish, bird.",
 ]
+# The kind of each benchmark prompt, in order: the bench reports its speedups per kind.
+BENCH_KINDS = ["chat"] * 6 + ["code"] * 6 + ["summary"] * 6 + ["list"] * 6
+assert len(BENCH_KINDS) == len(BENCH_PROMPTS)
 
 
 # ----------------------------------------------------------------------------- task prompts

@@ -357,6 +357,33 @@ def bench_figure(doc, temperature_index=0) -> go.Figure:
     return fig
 
 
+def bench_kinds_figure(doc, temperature_index=0, names=None) -> go.Figure:
+    """Speedup over this engine's autoregressive decode per kind of prompt (chat, code, summary,
+    list), one bar group per kind and one bar per system: where each way of drafting pays.
+    `names`: the systems to show (JSON keys), by default every speculative one that is not a
+    fixed K, the fastest fixed K, and transformers' assisted generation."""
+    r = doc["results"][temperature_index]
+    sy = r["systems"]
+    if names is None:
+        fixed = [n for n, s in sy.items() if isinstance(s.get("k"), int)]
+        best = [max(fixed, key=lambda n: sy[n]["tokens_per_second"])] if fixed else []
+        names = best + [n for n, s in sy.items() if n.startswith("spec_") and not isinstance(s.get("k"), int)]
+        names += [n for n in ("hf_assisted",) if n in sy]
+    kinds = list(sy[names[0]]["by_kind"])
+    fig = go.Figure()
+    for i, n in enumerate(names):
+        bk = sy[n]["by_kind"]
+        fig.add_trace(go.Bar(x=kinds, y=[bk[k]["vs_ar"] for k in kinds], name=sy[n]["label"],
+                             marker_color=NEUTRAL if n.startswith("hf_") else PALETTE[i % len(PALETTE)],
+                             text=[f"{bk[k]['vs_ar']:.2f}" if bk[k]["vs_ar"] else "" for k in kinds],
+                             textposition="outside", cliponaxis=False))
+    fig.add_hline(y=1.0, line=dict(color="black", width=1))
+    fig.update_layout(barmode="group", height=420, yaxis_title="speedup over autoregressive",
+                      title=f"Where each drafter pays, temperature {r['temperature']:g} "
+                            f"({sy['ar']['calls']} prompts)", legend=dict(orientation="h", y=-0.15))
+    return fig
+
+
 # --------------------------------------------------------------------------- chapter 07: adaptive K
 
 

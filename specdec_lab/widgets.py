@@ -32,7 +32,7 @@ import plotly.graph_objects as go
 import torch
 
 from .adaptive import CostAwareController
-from .drafters import NGramDrafter
+from .drafters import LookupThenModelDrafter, NGramDrafter
 from .engine import SpeculativeEngine, autoregressive_generate
 from .metrics import RunStats
 from .pair import ModelPair
@@ -41,7 +41,9 @@ FATES = ("accepted", "rejected", "correction", "bonus", "target")
 FATE_LABELS = {"accepted": "accepted draft token", "rejected": "rejected draft token",
                "correction": "correction token", "bonus": "bonus token", "target": "target token (no draft)"}
 DRAFTERS = [("model draft", "model"), ("n-gram (prompt lookup)", "ngram"),
-            ("model draft, adaptive K (slider = largest K)", "adaptive")]
+            ("model draft, adaptive K (slider = largest K)", "adaptive"),
+            ("prompt lookup, else the draft (stops when unsure)", "lookup")]
+STOP_BELOW = 0.2  # the "lookup" drafter's draft stops at a position it is less sure of than this
 LOAD_ERRORS = (ValueError, OSError, RuntimeError, ImportError)  # FileNotFoundError is an OSError
 RUN_ERRORS = (ValueError, RuntimeError)  # bad input; CUDA out of memory is a RuntimeError
 
@@ -276,11 +278,13 @@ class DemoPanel:
 
     # -- the run ----------------------------------------------------------------------------
     def _engine(self, pair_key, kind):
-        key = (pair_key, "ngram" if kind == "ngram" else "model")
+        key = (pair_key, kind if kind in ("ngram", "lookup") else "model")
         if key not in self._engines:
             pair = self.pairs[pair_key]
-            draft = NGramDrafter(device=pair.target.device) if kind == "ngram" else pair.draft
-            limit = min([self.max_seq_len] + [m.cfg.max_seq_len for m in (pair.target, draft) if hasattr(m, "cfg")])
+            limit = min([self.max_seq_len] + [m.cfg.max_seq_len for m in (pair.target, pair.draft)])
+            draft = {"ngram": lambda: NGramDrafter(device=pair.target.device),
+                     "lookup": lambda: LookupThenModelDrafter(pair.draft, limit, stop_below=STOP_BELOW)
+                     }.get(kind, lambda: pair.draft)()
             self._engines[key] = SpeculativeEngine(pair.target, draft, k=4, max_seq_len=limit,
                                                    tokenizer=pair.tokenizer)
         engine = self._engines[key]

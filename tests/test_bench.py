@@ -193,6 +193,36 @@ def test_variable_k_systems_carry_no_prediction_and_the_error_target_names_its_s
 
 
 @pytest.mark.slow
+def test_speedups_by_kind_of_prompt_are_ratios_over_those_prompts(quick_doc):
+    from specdec_lab.prompts import BENCH_KINDS
+    for r in quick_doc["results"]:
+        sy = r["systems"]
+        for name, s in sy.items():
+            bk = s["by_kind"]
+            assert list(bk) == ["chat"], "the quick run's 2 prompts are both chat prompts"
+            assert bk["chat"]["prompts"] == 2 and bk["chat"]["tokens"] == s["tokens"]
+            # Every call is of one kind here, so the kind's figures are the system's.
+            assert bk["chat"]["vs_ar"] == pytest.approx(s["vs_ar"])
+            if name in ("hf_generate", "hf_assisted"):
+                assert bk["chat"]["mean_tokens_per_step"] is None
+            else:
+                assert bk["chat"]["mean_tokens_per_step"] == pytest.approx(s["mean_tokens_per_step"])
+    assert BENCH_KINDS[:2] == ["chat", "chat"]
+
+
+def test_by_kind_splits_the_calls_by_their_prompts_kind():
+    ar, spec = bench.Tally(), bench.Tally()
+    for i, (n, sec_ar, sec_spec) in enumerate([(4, 1.0, 0.5), (2, 1.0, 1.0), (6, 2.0, 1.0)]):
+        ar.add([1], [0] * n, sec_ar)
+        spec.add([1], [0] * n, sec_spec)
+    kinds = ["a", "b", "a"]
+    out = bench.by_kind(spec, ar, kinds)
+    assert list(out) == ["a", "b"]
+    assert out["a"]["tokens"] == 10 and out["a"]["vs_ar"] == pytest.approx((10 / 1.5) / (10 / 3.0))
+    assert out["b"]["vs_ar"] == pytest.approx(1.0) and out["b"]["mean_tokens_per_step"] is None
+
+
+@pytest.mark.slow
 def test_greedy_speculative_and_transformers_reproduce_greedy_decoding(quick_doc):
     sy = quick_doc["results"][0]["systems"]
     for name in EXPECTED:

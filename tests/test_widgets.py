@@ -105,7 +105,7 @@ def test_token_text_and_hover_are_escaped():
     assert 'data-step="7"' in span and "p(d) = 0.5   q(d) = 0.25   u = 0.75" in span
 
 
-def test_ngram_and_adaptive_drafters_run_from_the_dropdown(default_target):
+def test_ngram_adaptive_and_lookup_drafters_run_from_the_dropdown(default_target):
     panel = DemoPanel(default_target, default_target)
     prompt = "Repeat exactly: one two three four five six, one two three four five six."
     res, _ = _run(panel, prompt=prompt, temperature=0.0, max_new_tokens=8, drafter="ngram")
@@ -114,6 +114,11 @@ def test_ngram_and_adaptive_drafters_run_from_the_dropdown(default_target):
     res, _ = _run(panel, k=2, temperature=0.0, max_new_tokens=8, drafter="adaptive")
     assert res is not None, panel.error.value
     assert all(r.k <= 2 for r in res.steps), "adaptive K never drafts more than the slider allows"
+    res, _ = _run(panel, prompt=prompt, k=5, temperature=0.0, max_new_tokens=12, drafter="lookup")
+    assert res is not None, panel.error.value
+    assert _classes_in_strip(panel.strip.value) == _expected_classes(res.steps)
+    assert all(r.k <= 5 for r in res.steps) and any(r.k == 5 for r in res.steps), \
+        "prompt lookup copies a repeated text with the slider's K"
 
 
 def test_bad_input_shows_a_message_not_a_traceback(default_target):
