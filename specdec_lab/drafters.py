@@ -30,11 +30,12 @@ def check_stop_below(stop_below):
 class ModelDrafter:
     """A small model drafts d_1..d_k one forward at a time.
 
-    stop_below: stop drafting early once the draft's top probability at a position
-    falls below it (the position's token is still proposed). An unsure draft is
-    usually wrong, and every further token would cost a draft forward and a
-    verification row for little chance of acceptance; k becomes a ceiling. It reads
-    one number per draft token to the host: on CUDA that is a sync per token.
+    stop_below: stop drafting early after a token the draft gave a probability below
+    it: q(d) when sampling, its softmax at temperature 1 when greedy (q is one-hot
+    there). An unsure draft is usually wrong, and every further token would cost a
+    draft forward and a verification row for little chance of acceptance; k becomes
+    a ceiling. It reads one number per draft token to the host: on CUDA that is a
+    sync per token.
     """
 
     def __init__(self, model, capacity, cache_factory=KVCache.for_model, stop_below=None):
@@ -68,7 +69,7 @@ class ModelDrafter:
                 qs.append(q)
             ids.append(d)
             x = d.view(1, 1)
-            if self.stop_below is not None and i + 1 < k and float(q.max()) < self.stop_below:
+            if self.stop_below is not None and i + 1 < k and float(q[d]) < self.stop_below:
                 break
         draft_ids = torch.stack(ids) if ids else torch.empty(0, dtype=torch.long, device=device)
         q = torch.stack(qs) if qs else None
