@@ -211,8 +211,9 @@ class System:
 
 
 # The two drafting refinements the bench runs beside fixed and adaptive K (drafters.py): the
-# draft stops at a position whose top probability is below STOP_BELOW, with K = STOP_K as a
-# ceiling; and prompt lookup proposes wherever the context repeats a STOP_K-token span.
+# draft stops after a token it gave less than STOP_BELOW, with K = STOP_K as a ceiling; and
+# where the context's last 2-4 tokens occurred before, prompt lookup proposes the STOP_K tokens
+# that followed them, the stopping draft proposing everywhere else.
 STOP_K, STOP_BELOW = 6, 0.2
 
 
@@ -363,7 +364,7 @@ def summarize_system(s: System, t: Tally, tallies: dict, alpha: float, costs: St
     if not s.drafts:
         return out
     mean_k = t.drafted / t.steps if t.steps else 0.0
-    common = {
+    out.update({
         "mean_k": mean_k,
         "alpha": alpha_from_steps(t.accepted, t.rejections),  # this system's own steps
         "acceptance_rate": t.accepted / t.drafted if t.drafted else 0.0,
@@ -371,8 +372,7 @@ def summarize_system(s: System, t: Tally, tallies: dict, alpha: float, costs: St
         "draft_seconds_per_token": t.draft_seconds / t.drafted if t.drafted else None,
         "target_seconds_per_step": t.target_seconds / t.steps if t.steps else None,
         "measured_speedup": out["vs_ar"],
-    }
-    out.update(common)
+    })
     if s.k_max is not None:  # K varies within a step's drafting: Theorem 3.8 has no single K to use
         out["k"] = f"<={s.k_max}"
         return out
