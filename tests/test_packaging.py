@@ -104,3 +104,12 @@ def test_the_kernel_source_ships_with_the_package():
     patterns = pyproject()["tool"]["setuptools"]["package-data"]["specdec_lab"]
     rel = SOURCE.relative_to(ROOT / "specdec_lab").as_posix()
     assert SOURCE.exists() and any(fnmatch(rel, p) for p in patterns), f"{rel} would be left out of a wheel"
+
+
+def test_the_draft_folder_ships_whole_with_the_package():
+    from fnmatch import fnmatch
+    patterns = pyproject()["tool"]["setuptools"]["package-data"]["specdec_lab"]
+    for name in ("config.json", "model.safetensors", "vocab_subset.json", "README.md"):
+        path = ROOT / "specdec_lab" / "draft" / name
+        assert path.exists(), f"draft/{name} is missing"
+        assert any(fnmatch(f"draft/{name}", p) for p in patterns), f"draft/{name} would be left out of a wheel"
