@@ -210,6 +210,6 @@ class LookupThenModelDrafter:
         self.lookup.commit(k, drafted, num_accepted, next_token)
         if self.source == "model":
             self.model.commit(k, drafted, num_accepted, next_token)
-        else:  # the model never saw this step: queue what it committed
+        else:  # a copied step, or one with nothing drafted: the model saw none of it; queue it
             self.model.pending = self.model.pending + list(drafted[:num_accepted]) + [next_token]
         self.source = None

@@ -43,7 +43,7 @@ FATE_LABELS = {"accepted": "accepted draft token", "rejected": "rejected draft t
 DRAFTERS = [("model draft", "model"), ("n-gram (prompt lookup)", "ngram"),
             ("model draft, adaptive K (slider = largest K)", "adaptive"),
             ("prompt lookup, else the draft (stops when unsure)", "lookup")]
-STOP_BELOW = 0.2  # the "lookup" drafter's draft stops at a position it is less sure of than this
+STOP_BELOW = 0.2  # the "lookup" drafter's draft stops after a token it gives less than this
 LOAD_ERRORS = (ValueError, OSError, RuntimeError, ImportError)  # FileNotFoundError is an OSError
 RUN_ERRORS = (ValueError, RuntimeError)  # bad input; CUDA out of memory is a RuntimeError
 
@@ -282,9 +282,12 @@ class DemoPanel:
         if key not in self._engines:
             pair = self.pairs[pair_key]
             limit = min([self.max_seq_len] + [m.cfg.max_seq_len for m in (pair.target, pair.draft)])
-            draft = {"ngram": lambda: NGramDrafter(device=pair.target.device),
-                     "lookup": lambda: LookupThenModelDrafter(pair.draft, limit, stop_below=STOP_BELOW)
-                     }.get(kind, lambda: pair.draft)()
+            if kind == "ngram":
+                draft = NGramDrafter(device=pair.target.device)
+            elif kind == "lookup":
+                draft = LookupThenModelDrafter(pair.draft, limit, stop_below=STOP_BELOW)
+            else:
+                draft = pair.draft
             self._engines[key] = SpeculativeEngine(pair.target, draft, k=4, max_seq_len=limit,
                                                    tokenizer=pair.tokenizer)
         engine = self._engines[key]

@@ -212,7 +212,7 @@ def test_speedups_by_kind_of_prompt_are_ratios_over_those_prompts(quick_doc):
 
 def test_by_kind_splits_the_calls_by_their_prompts_kind():
     ar, spec = bench.Tally(), bench.Tally()
-    for i, (n, sec_ar, sec_spec) in enumerate([(4, 1.0, 0.5), (2, 1.0, 1.0), (6, 2.0, 1.0)]):
+    for n, sec_ar, sec_spec in [(4, 1.0, 0.5), (2, 1.0, 1.0), (6, 2.0, 1.0)]:
         ar.add([1], [0] * n, sec_ar)
         spec.add([1], [0] * n, sec_spec)
     kinds = ["a", "b", "a"]
