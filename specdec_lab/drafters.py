@@ -21,12 +21,6 @@ from .kv_cache import KVCache
 from .sampling import logits_to_probs, sample
 
 
-def check_stop_below(stop_below):
-    if stop_below is not None and (isinstance(stop_below, bool) or not isinstance(stop_below, (int, float))
-                                   or not 0.0 < stop_below < 1.0):
-        raise ValueError(f"stop_below must be None or a number in (0, 1), got {stop_below!r}")
-
-
 class ModelDrafter:
     """A small model drafts d_1..d_k one forward at a time.
 
@@ -39,7 +33,9 @@ class ModelDrafter:
     """
 
     def __init__(self, model, capacity, cache_factory=KVCache.for_model, stop_below=None):
-        check_stop_below(stop_below)
+        if stop_below is not None and (isinstance(stop_below, bool) or not isinstance(stop_below, (int, float))
+                                       or not 0.0 < stop_below < 1.0):
+            raise ValueError(f"stop_below must be None or a number in (0, 1), got {stop_below!r}")
         self.model, self.stop_below = model, stop_below
         self.cache = cache_factory(model.cfg, capacity, dtype=model.dtype, device=model.device)
         self.pending = []  # committed tokens the draft's cache has not seen yet
@@ -176,14 +172,12 @@ class LookupThenModelDrafter:
     free. Where nothing matches, the model drafts. Both drafters see every committed
     token: the n-gram index at once, the model's cache through its `pending` tokens,
     fed in one forward when the model next drafts. Lookup proposals are one-hot (q
-    None), so verification stays lossless at any temperature.
-
-    `draft` is a Transformer (wrapped in a ModelDrafter with `stop_below`) or a ModelDrafter.
+    None), so verification stays lossless at any temperature. `stop_below` is the model
+    drafter's early stop (ModelDrafter).
     """
 
     def __init__(self, draft, capacity=2048, min_match=2, max_ngram=4, stop_below=None):
-        check_stop_below(stop_below)
-        self.model = ModelDrafter(draft, capacity, stop_below=stop_below) if hasattr(draft, "cfg") else draft
+        self.model = ModelDrafter(draft, capacity, stop_below=stop_below)  # checks stop_below
         self.lookup = NGramDrafter(max_ngram=max_ngram, min_ngram=min_match, device=self.model.model.device)
         self.source = None  # who proposed the current step: "lookup" or "model"
         self.lookup_steps = self.model_steps = 0
