@@ -118,7 +118,7 @@ def test_switched_off_or_without_a_compiler_the_model_still_runs(tmp_path):
             "from specdec_lab.model import Linear\n"
             "with warnings.catch_warnings(record=True) as w:\n"
             "    warnings.simplefilter('always')\n"
-            "    lin = Linear(8, 8); x = torch.randn(1, 8)\n"
+            "    lin = Linear(8, 8); torch.nn.init.normal_(lin.weight); x = torch.randn(1, 8)\n"
             "    with torch.no_grad(): y = lin(x)\n"
             "print(kernels.available(), torch.allclose(y, x @ lin.weight), lin._panels is None,"
             " any('panel kernel is unavailable' in str(m.message) for m in w))\n")
