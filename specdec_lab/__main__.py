@@ -89,7 +89,8 @@ def cmd_distill(args):
     from .distill import distill_main
     out, curve = distill_main(budget=args.budget, out_dir=args.out, data_dir=args.data_dir, work_dir=args.work_dir,
                               data_dirs_extra=args.extra_data_dir, data_minutes=args.data_minutes, steps=args.steps,
-                              init_from=args.init_from, lr=args.lr, task_data_dir=args.task_data_dir)
+                              init_from=args.init_from, lr=args.lr, task_data_dir=args.task_data_dir,
+                              chat_data_dir=args.chat_data_dir, n_layers=args.layers)
     print(f"draft saved to {out}; held-out greedy alpha {curve[-1][1]:.3f}" if curve else f"draft saved to {out}")
 
 
@@ -174,6 +175,10 @@ def main(argv=None):
     d.add_argument("--extra-data-dir", action="append", default=[], help="more shards of answers to add")
     d.add_argument("--task-data-dir", help="also answer the task set (prompts.task_prompts) into this folder "
                                            "and train on it")
+    d.add_argument("--chat-data-dir", help="also answer the chat set (prompts.chat_prompts) into this folder "
+                                           "and train on it")
+    d.add_argument("--layers", type=int, help="the draft's depth; with --init-from, grow those weights to it "
+                                              "(new blocks start as identities)")
     d.add_argument("--data-minutes", type=float, help="stop generating data after this long, then train")
     d.add_argument("--steps", type=int, help="override the budget's optimizer steps")
     d.add_argument("--work-dir", help="checkpoints and logs (default: in the cache); a rerun resumes from it")

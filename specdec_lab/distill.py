@@ -21,7 +21,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .kv_cache import KVCache
-from .prompts import distill_prompts, is_held_out, task_prompts
+from .prompts import chat_prompts, distill_prompts, is_held_out, task_prompts
 from .sampling import logits_to_probs, make_generator, sample
 from .text import encode_prompt
 
@@ -160,6 +160,38 @@ def init_draft(target, cfg, seed=0):
         if draft.embed is not None:
             draft.embed.weight.copy_(pca)
     return draft
+
+
+def grow_draft(draft, n_layers):
+    """A deeper copy of `draft` that computes the same function: new blocks are spread
+    between the old ones (as in LLaMA Pro, arXiv 2401.02415), each with its two output
+    projections (attention's wo, the MLP's w2) at zero, so that every new block adds
+    nothing to the residual stream until training moves it."""
+    from dataclasses import replace
+    from .model import Transformer, init_weights
+    old = draft.cfg.n_layers
+    if n_layers < old:
+        raise ValueError(f"n_layers must be at least the draft's {old}, got {n_layers}")
+    grown = init_weights(Transformer(replace(draft.cfg, n_layers=n_layers)), seed=n_layers)
+    extra = n_layers - old
+    order = []  # the old block index in each slot of the grown draft, None for a new block
+    for i in range(old):
+        order.append(i)
+        if extra and (i + 1) % max(1, old // extra) == 0 and order.count(None) < extra:
+            order.append(None)
+    order += [None] * (n_layers - len(order))
+    with torch.no_grad():
+        for name in ("embed", "norm", "head"):
+            part = getattr(draft, name)
+            if part is not None:
+                getattr(grown, name).load_state_dict(part.state_dict())
+        for slot, i in enumerate(order):
+            if i is None:
+                grown.layers[slot].attn.wo.weight.zero_()
+                grown.layers[slot].mlp.w2.weight.zero_()
+            else:
+                grown.layers[slot].load_state_dict(draft.layers[i].state_dict())
+    return grown
 
 
 def make_batches(examples, max_tokens, generator):
@@ -344,6 +376,8 @@ BUDGETS = {
 }
 # The task set (prompts.task_prompts): shorter answers, one greedy pass and five sampled ones.
 TASK_DATA = dict(rounds=(0.0, 0.7, 1.0, 0.7, 1.0, 0.7), max_new_tokens=128, seed=200)
+# The chat set (prompts.chat_prompts): the same passes, another seed.
+CHAT_DATA = dict(TASK_DATA, seed=300)
 # The draft's head covers this many of the target's most frequent answer tokens (vocab_subset.json).
 VOCAB_SUBSET_SIZE = 8192
 
@@ -421,14 +455,26 @@ def load_draft_weights(draft, source):
     return history
 
 
+def layers_of(source) -> int:
+    """How many blocks the weights in `source` (a ckpt.pt or a draft folder) have."""
+    import json
+    source = Path(source)
+    if source.suffix == ".pt":
+        keys = torch.load(source, map_location="cpu")["model"].keys()
+        return 1 + max(int(k.split(".")[1]) for k in keys if k.startswith("layers."))
+    return json.loads((source / "config.json").read_text())["num_hidden_layers"]
+
+
 def distill_main(budget="full", out_dir=None, data_dir=None, work_dir=None, dtype_data="bfloat16",
                  data_dirs_extra=(), progress=True, data_minutes=None, steps=None, init_from=None, lr=3e-3,
-                 task_data_dir=None):
+                 task_data_dir=None, chat_data_dir=None, n_layers=None):
     """The whole recipe: target answers -> KL training -> Hugging Face folder with a model card.
     Data generation and training both resume where a previous run stopped. `init_from`
     (a checkpoint or a draft folder) starts training from those weights with a fresh
     optimizer and schedule: a second phase on more data. `task_data_dir` adds the target's
-    answers to the task set (prompts.task_prompts, TASK_DATA), generated there first."""
+    answers to the task set (prompts.task_prompts, TASK_DATA), generated there first;
+    `chat_data_dir` the same for the chat set (prompts.chat_prompts, CHAT_DATA). `n_layers`
+    sets the draft's depth; with `init_from` it grows those weights to it (grow_draft)."""
     from .assets import cache_dir, ensure_default_target
     from .pair import default_draft_dir
     from .weights import load_model
@@ -445,13 +491,21 @@ def distill_main(budget="full", out_dir=None, data_dir=None, work_dir=None, dtyp
                       max_new_tokens=TASK_DATA["max_new_tokens"], seed=TASK_DATA["seed"], prompts=task_prompts(),
                       progress=progress, max_minutes=data_minutes)
         data_dirs_extra = [*data_dirs_extra, task_data_dir]
+    if chat_data_dir is not None:
+        generate_data(target, tok, chat_data_dir, rounds=CHAT_DATA["rounds"], batch_size=32,
+                      max_new_tokens=CHAT_DATA["max_new_tokens"], seed=CHAT_DATA["seed"], prompts=chat_prompts(),
+                      progress=progress, max_minutes=data_minutes)
+        data_dirs_extra = [*data_dirs_extra, chat_data_dir]
     del target
     shards = ShardData([data, *data_dirs_extra], is_held_out)
     _, held = shards.split()
     target_fp32, _ = load_model(ensure_default_target())
-    draft = init_draft(target_fp32, draft_config(target_fp32.cfg, n_layers=cfg_b["n_layers"]))
+    layers = layers_of(init_from) if init_from is not None else (n_layers or cfg_b["n_layers"])
+    draft = init_draft(target_fp32, draft_config(target_fp32.cfg, n_layers=layers))
     del target_fp32
     history = load_draft_weights(draft, init_from) if init_from is not None else None
+    if n_layers is not None and n_layers != layers:
+        draft = grow_draft(draft, n_layers)
     held_greedy = [ex for ex in held if ex[4] == 0.0] or held
     draft, curve = train_draft(draft, shards.train, held_greedy, out_dir=work, lr=lr, max_tokens=2048,
                                total_steps=steps or cfg_b["steps"], eval_every=cfg_b["eval_every"],

@@ -313,3 +313,45 @@ def task_prompts(n_lists: int = 240, n_summaries: int = 240, seed: int = 0) -> l
         out.append(op.format(x=", ".join(items)))
     rng.shuffle(out)
     return list(dict.fromkeys(out))
+
+
+# ----------------------------------------------------------------------------- chat prompts
+# A third distillation set: everyday questions only, the kind of prompt where the draft
+# agreed least with the target in the benchmark. Built from subjects and question shapes
+# that neither the benchmark nor task_prompts uses (a test checks the benchmark part).
+
+CHAT_THINGS = [
+    "a rainbow", "the tides", "a volcano", "an earthquake", "a thunderstorm", "the immune system", "the heart",
+    "photosynthesis", "a vaccine", "the internet", "electricity", "a solar panel", "a bridge", "a dam",
+    "the stock market", "inflation", "a recipe", "a printer", "a satellite", "a clock", "a fridge magnet",
+    "a barcode", "an email", "a password", "a spreadsheet", "a map", "a cloud", "a river delta", "a desert",
+    "a coral reef", "the water cycle", "recycling", "compost", "a library", "a museum", "a marathon",
+    "a vegetable garden", "a beehive", "a newspaper", "a podcast",
+]
+CHAT_ACTIVITIES = [
+    "cook pasta", "make a budget", "learn a new word every day", "stay focused while studying",
+    "clean a messy room", "prepare for a job interview", "keep a houseplant healthy", "write a thank-you note",
+    "plan a road trip", "start a morning routine", "save energy at home", "make a good cup of tea",
+    "pack for a weekend trip", "get better at public speaking", "care for a new kitten", "set goals for the year",
+    "fall asleep faster", "take notes in a lecture", "make a simple salad", "stretch after a run",
+    "choose a good book", "organize a closet", "keep a conversation going", "learn to type faster",
+    "make new habits stick", "spend less on groceries", "write a short story", "teach a child to ride a bike",
+    "prepare a presentation", "stay warm in winter",
+]
+CHAT_THING_TEMPLATES = [
+    "What is {x}?", "Tell me about {x}.", "Describe {x} in a few sentences.", "Explain {x} to a child.",
+    "What are some interesting facts about {x}?", "Why is {x} important?",
+]
+CHAT_ACTIVITY_TEMPLATES = [
+    "How can I {x}?", "What is the best way to {x}?", "Give me a few tips to {x}.",
+    "What mistakes should I avoid when I {x}?", "Can you help me {x}?",
+]
+
+
+def chat_prompts(seed: int = 0) -> list[str]:
+    """The third distillation set (390 everyday questions), the same for a given seed."""
+    import random
+    out = [tpl.format(x=x) for tpl in CHAT_THING_TEMPLATES for x in CHAT_THINGS]
+    out += [tpl.format(x=x) for tpl in CHAT_ACTIVITY_TEMPLATES for x in CHAT_ACTIVITIES]
+    random.Random(seed).shuffle(out)
+    return list(dict.fromkeys(out))

@@ -1,9 +1,10 @@
 """The distillation code on a tiny target: data, loss, and a held-out alpha that rises."""
+import pytest
 import torch
 
 import specdec_lab as sl
-from specdec_lab.distill import (ShardData, draft_config, generate_data, held_out_agreement, is_held_out, kl_loss,
-                                 load_draft_weights, load_shards, save_draft, train_draft)
+from specdec_lab.distill import (ShardData, draft_config, generate_data, grow_draft, held_out_agreement, is_held_out,
+                                 kl_loss, layers_of, load_draft_weights, load_shards, save_draft, train_draft)
 from specdec_lab.model import Transformer, init_weights
 
 
@@ -132,6 +133,14 @@ def test_distill_command_tiny_budget_runs_end_to_end(tmp_path):
     from specdec_lab.assets import ensure_default_target
     pair = sl.load_pair(ensure_default_target(), out)
     assert pair.draft.head.weight.shape[1] == len(subset["ids"]), "the folder's subset must reach the loaded draft"
+    grown = tmp_path / "grown"  # a second phase that grows the draft by one block
+    proc = subprocess.run([sys.executable, "-m", "specdec_lab", "distill", "--budget", "tiny", "--out", str(grown),
+                           "--data-dir", str(tmp_path / "data"), "--work-dir", str(tmp_path / "work2"),
+                           "--init-from", str(out), "--layers", "2", "--steps", "2"], env=env, capture_output=True,
+                          text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert layers_of(out) == cfg["num_hidden_layers"] == 1 and layers_of(grown) == 2
+    assert layers_of(tmp_path / "work2" / "ckpt.pt") == 2
 
 
 def test_held_out_may_be_a_predicate_and_splits_like_a_set(tmp_path):
@@ -157,3 +166,37 @@ def test_task_prompts_are_fixed_distinct_and_share_nothing_with_the_benchmark():
         for k in kinds:
             kinds[k] += k in p
     assert min(kinds.values()) >= 40, kinds
+
+
+def test_chat_prompts_are_fixed_distinct_and_new():
+    from specdec_lab.prompts import BENCH_PROMPTS, chat_prompts, distill_prompts, task_prompts
+    chats = chat_prompts()
+    assert chats == chat_prompts(), "the set must be the same on every call: shards are indexed by position"
+    assert len(chats) == len(set(chats)) > 300
+    assert not set(chats) & (set(BENCH_PROMPTS) | set(task_prompts()) | set(distill_prompts()))
+
+
+def test_a_grown_draft_computes_the_same_function_and_its_new_blocks_learn(tmp_path):
+    torch.manual_seed(0)
+    target = _bigram_target()
+    cfg = draft_config(target.cfg, dim=32, n_layers=2, n_heads=2, n_kv_heads=1, intermediate_size=64)
+    draft = init_weights(Transformer(cfg), seed=1).eval()
+    x = torch.tensor([[1, 2, 3, 4, 5]])
+    for n in (2, 3, 5):
+        grown = grow_draft(draft, n).eval()
+        assert grown.cfg.n_layers == n and torch.allclose(grown(x), draft(x), atol=1e-5)
+    grown = grow_draft(draft, 4)  # one new block after each old one: old, new, old, new
+    for slot, old in ((0, 0), (2, 1)):
+        assert torch.equal(grown.layers[slot].attn.wqkv.weight, draft.layers[old].attn.wqkv.weight)
+    for slot in (1, 3):
+        assert not grown.layers[slot].attn.wo.weight.any() and not grown.layers[slot].mlp.w2.weight.any()
+    with pytest.raises(ValueError, match="n_layers"):
+        grow_draft(draft, 1)
+    prompts = [[i % 40, (3 * i) % 40] for i in range(20)]
+    generate_data(target, None, tmp_path / "data", rounds=(0.0,), batch_size=10, max_new_tokens=8,
+                  prompts=prompts, top_k_store=16, progress=False)
+    train, held = load_shards(tmp_path / "data", set(range(15, 20)))
+    trained, _ = train_draft(grown, train, held, out_dir=tmp_path / "run", total_steps=3, lr=1e-2, max_tokens=128,
+                             eval_every=3, progress=False)
+    assert trained.layers[1].attn.wo.weight.any(), "a new block's output projection must move with training"
+    assert layers_of(tmp_path / "run" / "ckpt.pt") == 4
