@@ -376,8 +376,8 @@ BUDGETS = {
 }
 # The task set (prompts.task_prompts): shorter answers, one greedy pass and five sampled ones.
 TASK_DATA = dict(rounds=(0.0, 0.7, 1.0, 0.7, 1.0, 0.7), max_new_tokens=128, seed=200)
-# The chat set (prompts.chat_prompts): the same passes, another seed.
-CHAT_DATA = dict(TASK_DATA, seed=300)
+# The chat set (prompts.chat_prompts): the same passes, then four more sampled ones, another seed.
+CHAT_DATA = dict(TASK_DATA, rounds=TASK_DATA["rounds"] + (0.7, 1.0, 0.7, 1.0), seed=300)
 # The draft's head covers this many of the target's most frequent answer tokens (vocab_subset.json).
 VOCAB_SUBSET_SIZE = 8192
 
