@@ -478,6 +478,8 @@ def distill_main(budget="full", out_dir=None, data_dir=None, work_dir=None, dtyp
     from .assets import cache_dir, ensure_default_target
     from .pair import default_draft_dir
     from .weights import load_model
+    if n_layers is not None and n_layers < 1:
+        raise ValueError(f"n_layers must be >= 1, got {n_layers!r}")
     cfg_b = BUDGETS[budget]
     target, tok = load_model(ensure_default_target(), dtype=getattr(torch, dtype_data))
     prompts = distill_prompts()[:cfg_b["num_prompts"]] if cfg_b["num_prompts"] else distill_prompts()

@@ -192,6 +192,10 @@ def test_a_grown_draft_computes_the_same_function_and_its_new_blocks_learn(tmp_p
         assert not grown.layers[slot].attn.wo.weight.any() and not grown.layers[slot].mlp.w2.weight.any()
     with pytest.raises(ValueError, match="n_layers"):
         grow_draft(draft, 1)
+    from specdec_lab.distill import distill_main
+    with pytest.raises(ValueError, match="n_layers"):
+        distill_main(budget="tiny", work_dir=tmp_path / "never", n_layers=0)
+    assert not (tmp_path / "never").exists(), "a bad n_layers must fail before anything is written"
     prompts = [[i % 40, (3 * i) % 40] for i in range(20)]
     generate_data(target, None, tmp_path / "data", rounds=(0.0,), batch_size=10, max_new_tokens=8,
                   prompts=prompts, top_k_store=16, progress=False)
