@@ -488,16 +488,13 @@ def distill_main(budget="full", out_dir=None, data_dir=None, work_dir=None, dtyp
     data = Path(data_dir or work / "data")
     generate_data(target, tok, data, rounds=cfg_b["rounds"], batch_size=32, max_new_tokens=cfg_b["max_new_tokens"],
                   seed=100, prompts=prompts, progress=progress, max_minutes=data_minutes)
-    if task_data_dir is not None:
-        generate_data(target, tok, task_data_dir, rounds=TASK_DATA["rounds"], batch_size=32,
-                      max_new_tokens=TASK_DATA["max_new_tokens"], seed=TASK_DATA["seed"], prompts=task_prompts(),
-                      progress=progress, max_minutes=data_minutes)
-        data_dirs_extra = [*data_dirs_extra, task_data_dir]
-    if chat_data_dir is not None:
-        generate_data(target, tok, chat_data_dir, rounds=CHAT_DATA["rounds"], batch_size=32,
-                      max_new_tokens=CHAT_DATA["max_new_tokens"], seed=CHAT_DATA["seed"], prompts=chat_prompts(),
-                      progress=progress, max_minutes=data_minutes)
-        data_dirs_extra = [*data_dirs_extra, chat_data_dir]
+    for extra_dir, settings, extra_prompts in ((task_data_dir, TASK_DATA, task_prompts),
+                                               (chat_data_dir, CHAT_DATA, chat_prompts)):
+        if extra_dir is not None:
+            generate_data(target, tok, extra_dir, rounds=settings["rounds"], batch_size=32,
+                          max_new_tokens=settings["max_new_tokens"], seed=settings["seed"], prompts=extra_prompts(),
+                          progress=progress, max_minutes=data_minutes)
+            data_dirs_extra = [*data_dirs_extra, extra_dir]
     del target
     shards = ShardData([data, *data_dirs_extra], is_held_out)
     _, held = shards.split()
