@@ -21,7 +21,7 @@ from .config import MAX_K, SamplingConfig
 from .kv_cache import KVCache
 from .drafters import ModelDrafter
 from .metrics import RunStats, StepRecord
-from .sampling import check_sampling_args, logits_to_probs, make_generator, sample
+from .sampling import check_sampling_args, exponential_noise, logits_to_probs, make_generator, sample
 from .text import encode_prompt
 from .verify import verify, verify_reference
 
@@ -214,7 +214,7 @@ class SpeculativeEngine:
             q_full = q if q is not None else torch.zeros(k, V, device=device).scatter_(
                 1, draft_ids.view(k, 1), 1.0)  # a one-hot drafter
             u = torch.rand(k, generator=g, device=device)
-            e = torch.empty(V, device=device).exponential_(generator=g)
+            e = exponential_noise(V, g, device)
         loop_syncs = {"count": 0}
         if self.verifier == "reference":
             verdict = verify_reference(draft_ids, p, q_full, u, e, greedy=greedy, syncs=loop_syncs)

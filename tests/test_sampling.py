@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from specdec_lab.sampling import check_sampling_args, logits_to_probs, make_generator, sample
+from specdec_lab.sampling import check_sampling_args, exponential_noise, logits_to_probs, make_generator, sample
 
 
 def test_temperature_zero_is_one_hot_at_argmax_without_nan():
@@ -33,6 +33,20 @@ def test_sampler_draws_in_proportion_to_probs_and_never_a_zero_probability_token
     zeros = torch.tensor([0.0, 0.5, 0.0, 0.5, 0.0])
     draws = sample(zeros.expand(20000, 5), g)
     assert set(draws.tolist()) == {1, 3}, "a token with probability 0 was drawn"
+
+
+def test_exponential_noise_is_exponential_never_zero_and_its_race_draws_in_proportion():
+    g = make_generator(0, "cpu")
+    e = exponential_noise(200_000, g)
+    assert e.shape == (200_000,) and bool((e > 0).all()), "a zero draw would make its token win the race"
+    assert abs(e.mean().item() - 1.0) < 0.01 and abs(e.var().item() - 1.0) < 0.03
+    assert abs((e > 1.0).float().mean().item() - torch.exp(torch.tensor(-1.0)).item()) < 0.005
+    probs = torch.tensor([0.1, 0.0, 0.6, 0.3, 0.0])
+    noise = torch.stack([exponential_noise(5, g) for _ in range(20000)])  # (20000, 5)
+    draws = (probs / noise).argmax(-1)  # verification's final draw (verify._draw)
+    freq = torch.bincount(draws, minlength=5).float() / 20000
+    assert torch.allclose(freq, probs, atol=0.015), f"the race is biased: {freq}"
+    assert torch.equal(exponential_noise(64, make_generator(3, "cpu")), exponential_noise(64, make_generator(3, "cpu")))
 
 
 def test_seeded_sampling_repeats():
