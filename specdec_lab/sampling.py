@@ -57,10 +57,11 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> tor
 
 def exponential_noise(n: int, generator: torch.Generator | None = None, device="cpu") -> torch.Tensor:
     """(n,) Exponential(1) draws, -log U with U ~ Uniform[0, 1): verification's noise for its one
-    final draw, argmax(dist / e). Three ops: on this project's CPU, 0.19 ms for 49152 draws against
-    0.93 ms for torch's exponential_. U = 0 gives e = inf, so that token loses the race (a 2^-24
-    chance per token); no draw is ever 0, which would make its token win whatever its probability."""
-    return torch.rand(n, generator=generator, device=device).log_().neg_()
+    final draw, argmax(dist / e). Four cheap ops: on this project's CPU, about 0.2 ms for 49152
+    draws against 0.93 ms for torch's exponential_. Every draw is finite and positive: a 0 would
+    make its token win whatever its probability, and an inf would make a token with all the
+    probability lose. U = 0 (a 2^-24 chance per token) is read as half a step above it, 2^-25."""
+    return torch.rand(n, generator=generator, device=device).clamp_(min=2.0 ** -25).log_().neg_()
 
 
 def make_generator(seed, device) -> torch.Generator:

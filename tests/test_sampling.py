@@ -38,7 +38,8 @@ def test_sampler_draws_in_proportion_to_probs_and_never_a_zero_probability_token
 def test_exponential_noise_is_exponential_never_zero_and_its_race_draws_in_proportion():
     g = make_generator(0, "cpu")
     e = exponential_noise(200_000, g)
-    assert e.shape == (200_000,) and bool((e > 0).all()), "a zero draw would make its token win the race"
+    assert e.shape == (200_000,) and bool((e > 0).all()) and bool(torch.isfinite(e).all()), \
+        "a zero draw would make its token win the race, an infinite one make a certain token lose it"
     assert abs(e.mean().item() - 1.0) < 0.01 and abs(e.var().item() - 1.0) < 0.03
     assert abs((e > 1.0).float().mean().item() - torch.exp(torch.tensor(-1.0)).item()) < 0.005
     probs = torch.tensor([0.1, 0.0, 0.6, 0.3, 0.0])
@@ -47,6 +48,9 @@ def test_exponential_noise_is_exponential_never_zero_and_its_race_draws_in_propo
     freq = torch.bincount(draws, minlength=5).float() / 20000
     assert torch.allclose(freq, probs, atol=0.015), f"the race is biased: {freq}"
     assert torch.equal(exponential_noise(64, make_generator(3, "cpu")), exponential_noise(64, make_generator(3, "cpu")))
+    one_hot = torch.zeros(49152)
+    one_hot[7] = 1.0
+    assert all(int((one_hot / exponential_noise(49152, g)).argmax()) == 7 for _ in range(50))
 
 
 def test_seeded_sampling_repeats():
