@@ -3,8 +3,9 @@ import pytest
 import torch
 
 import specdec_lab as sl
-from specdec_lab.distill import (ShardData, draft_config, generate_data, grow_draft, held_out_agreement, is_held_out,
-                                 kl_loss, layers_of, load_draft_weights, load_shards, save_draft, train_draft)
+from specdec_lab.distill import (ShardData, distill_main, draft_config, generate_data, grow_draft, held_out_agreement,
+                                 is_held_out, kl_loss, layers_of, load_draft_weights, load_shards, save_draft,
+                                 train_draft)
 from specdec_lab.model import Transformer, init_weights
 
 
@@ -192,7 +193,6 @@ def test_a_grown_draft_computes_the_same_function_and_its_new_blocks_learn(tmp_p
         assert not grown.layers[slot].attn.wo.weight.any() and not grown.layers[slot].mlp.w2.weight.any()
     with pytest.raises(ValueError, match="n_layers"):
         grow_draft(draft, 1)
-    from specdec_lab.distill import distill_main
     with pytest.raises(ValueError, match="n_layers"):
         distill_main(budget="tiny", work_dir=tmp_path / "never", n_layers=0)
     assert not (tmp_path / "never").exists(), "a bad n_layers must fail before anything is written"
