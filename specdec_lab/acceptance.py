@@ -18,8 +18,10 @@ from dataclasses import dataclass, field
 import torch
 from tqdm.auto import tqdm
 
+from . import drafters
 from .engine import SpeculativeEngine, autoregressive_generate
 from .kv_cache import KVCache
+from .model import OneTokenDecoder
 from .roofline import expected_tokens_per_step, expected_speedup
 from .sampling import logits_to_probs
 
@@ -102,17 +104,22 @@ def measure_step_costs(target, draft, ks, context=128, reps=20, warmup=3) -> Ste
     prefix = torch.zeros(1, context, dtype=torch.long, device=device)  # (1, context)
     for m in models:
         m(prefix, cache=caches[id(m)], last_only=True)
-    kinds = [("target", target, 1)] + ([("draft", draft, 1)] if draft is not None else [])
-    kinds += [(k, target, k + 1) for k in ks]
+    def forward(m, T):
+        return lambda: m(prefix[:, :T], cache=caches[id(m)])  # (1, T) tokens
+
+    kinds = [("target", target, forward(target, 1))]
+    if draft is not None:  # the draft is timed as ModelDrafter runs it: one call per token where it can
+        one_call = (OneTokenDecoder(draft, caches[id(draft)]) if drafters.ONE_CALL
+                    and OneTokenDecoder.supports(draft, caches[id(draft)]) else None)
+        kinds.append(("draft", draft, (lambda: one_call(0)) if one_call else forward(draft, 1)))
+    kinds += [(k, target, forward(target, k + 1)) for k in ks]
     times = {name: [] for name, _, _ in kinds}
     for r in range(warmup + reps):
-        for name, m, T in kinds:
-            cache = caches[id(m)]
-            x = prefix[:, :T]  # (1, T)
+        for name, m, run in kinds:
             t0 = clock()
-            m(x, cache=cache)
+            run()
             dt = clock() - t0
-            cache.rollback(context)
+            caches[id(m)].rollback(context)
             if r >= warmup:
                 times[name].append(dt)
     med = {name: statistics.median(v) for name, v in times.items()}

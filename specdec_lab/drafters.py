@@ -18,7 +18,14 @@ instead of `accepted + 1` and never feeds d_k: its draft cache drifts.)
 import torch
 
 from .kv_cache import KVCache
+from .model import OneTokenDecoder
 from .sampling import logits_to_probs, sample
+
+# Feed the draft one token at a time through model.OneTokenDecoder where it applies (float32 on
+# the CPU, a contiguous cache): up to ONE_CALL_UP_TO pending tokens that way, more in one forward.
+# Set ONE_CALL = False before building a drafter to compare with the eager forward.
+ONE_CALL = True
+ONE_CALL_UP_TO = 3
 
 
 class ModelDrafter:
@@ -39,6 +46,9 @@ class ModelDrafter:
         self.model, self.stop_below = model, stop_below
         self.cache = cache_factory(model.cfg, capacity, dtype=model.dtype, device=model.device)
         self.pending = []  # committed tokens the draft's cache has not seen yet
+        # One call per token instead of ~140 operators, where the model and cache allow (model.py)
+        self.one_call = OneTokenDecoder(model, self.cache) if ONE_CALL and OneTokenDecoder.supports(
+            model, self.cache) else None
 
     def reset(self):
         self.cache.reset()
@@ -50,12 +60,20 @@ class ModelDrafter:
             self.model(torch.tensor([prompt_ids[:-1]], device=self.model.device), cache=self.cache, last_only=True)
         self.pending = [prompt_ids[-1]]
 
+    def _feed(self, x):
+        """Feed tokens x (1, T) to the draft's cache; its logits (V,) after the last one."""
+        if self.one_call is not None and x.shape[1] <= ONE_CALL_UP_TO:
+            for t in x[0].tolist():  # host ints: the one-call path runs on the CPU only
+                logits = self.one_call(t)
+            return logits
+        return self.model(x, cache=self.cache, last_only=True)[0, -1]
+
     def propose(self, k, sampling, generator):
         device = self.model.device
-        x = torch.tensor([self.pending], device=device)  # (1, T): 1 or 2 tokens
+        x = torch.tensor([self.pending], device=device)  # (1, T): 1 or 2 tokens, more after lookup steps
         ids, qs = [], []
         for i in range(k):
-            logits = self.model(x, cache=self.cache, last_only=True)[0, -1]  # (V,)
+            logits = self._feed(x)  # (V,)
             if sampling.greedy:
                 d = logits.argmax(-1)
                 q = torch.softmax(logits, -1) if self.stop_below is not None else None

@@ -113,6 +113,12 @@ def _load():
     lib.rms_norm.restype = None
     lib.rms_norm.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_float,
                              ctypes.c_void_p]
+    lib.decode_token.restype = None
+    lib.decode_token.argtypes = ([ctypes.c_void_p, ctypes.c_long] + [ctypes.c_void_p] * 6
+                                 + [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long]  # final norm, head, n_out
+                                 + [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_long]  # caches, S, pos
+                                 + [ctypes.c_void_p, ctypes.c_void_p]  # cos, sin
+                                 + [ctypes.c_long] * 5 + [ctypes.c_float, ctypes.c_void_p, ctypes.c_void_p])
     global _threaded
     _threaded = bool(lib.panel_threaded())
     _lib = lib
@@ -164,6 +170,12 @@ def matmul(x: torch.Tensor, panels: torch.Tensor, n: int) -> torch.Tensor:
     if n != n_panels * pw:
         y = y[:, :n]
     return y.view(*x.shape[:-1], n)
+
+
+def decode_token(*args):
+    """One token through a small decoder (csrc/panel_matmul.cpp, `decode_token`); model.OneTokenDecoder
+    gathers the arguments."""
+    _load().decode_token(*args)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -12,6 +12,7 @@ q/k/v and gate/up are fused into one matmul each: fewer, larger kernels,
 which is what batch-1 decode on a CPU wants. Weight matrices are stored
 (in, out), the transpose of nn.Linear: see `Linear`.
 """
+import ctypes
 import math
 
 import torch
@@ -337,3 +338,73 @@ def init_weights(model: Transformer, seed: int = 0, std: float = 0.02) -> Transf
             elif p.dim() >= 1:
                 p.copy_(torch.randn(p.shape, generator=g) * std)
     return model
+
+
+class OneTokenDecoder:
+    """A small model's one-token forward as one call into the kernel library (kernels.py,
+    `decode_token`), writing the token's keys and values into a contiguous KVCache.
+
+    A draft of a few narrow layers spends its forward launching about 140 small operators,
+    not reading its few megabytes of weights; this runs the same arithmetic with none in
+    between. It returns what `model(token, cache=cache, last_only=True)[0, -1]` returns (to
+    rounding in attention) and advances the cache by one. `OneTokenDecoder.supports` says
+    which models and caches it takes: float32 on the CPU, untied embeddings, no biases, batch 1.
+    Weights are re-read on every call, so a model trained after this was built is seen as it is."""
+
+    @staticmethod
+    def supports(model, cache) -> bool:
+        from .kv_cache import KVCache
+        head = model.head.proj if isinstance(model.head, VocabSubsetHead) else model.head
+        linears = [head] + [m for b in model.layers for m in (b.attn.wqkv, b.attn.wo, b.mlp.w13, b.mlp.w2)]
+        return (PANEL_MATMUL and kernels.available() and model.embed is not None
+                and model.dtype == torch.float32 and model.device.type == "cpu"
+                and type(cache) is KVCache and cache.k.shape[1] == 1 and cache.k.dtype == torch.float32
+                and cache.k.is_contiguous() and cache.v.is_contiguous()
+                and all(m.bias is None and m.weight.is_contiguous() for m in linears))
+
+    def __init__(self, model, cache):
+        if not OneTokenDecoder.supports(model, cache):
+            raise ValueError("OneTokenDecoder needs a float32 CPU model with untied embeddings and no biases, "
+                             "a contiguous batch-1 float32 KVCache, and the kernel library (kernels.available())")
+        self.model, self.cache = model, cache
+        cfg, pw = model.cfg, kernels.panel_width()
+        self.padded = lambda n: -(-n // pw) * pw
+        p = self.padded
+        H, Hkv, D = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        self.work = torch.empty(3 * p(cfg.dim) + p((H + 2 * Hkv) * D) + p(H * D) + p(2 * cfg.intermediate_size)
+                                + cache.capacity)
+        self._pointers, self._key = None, None
+
+    def _weights(self):
+        m = self.model
+        sub = isinstance(m.head, VocabSubsetHead)
+        head = m.head.proj if sub else m.head
+        layers = [(b.attn_norm.weight, b.attn.wqkv.panel_weight(), b.attn.wo.panel_weight(),
+                   b.mlp_norm.weight, b.mlp.w13.panel_weight(), b.mlp.w2.panel_weight()) for b in m.layers]
+        return layers, m.norm.weight, head.panel_weight(), head.weight.shape[1]
+
+    def __call__(self, token: int) -> torch.Tensor:
+        m, cache, cfg = self.model, self.cache, self.model.cfg
+        if not 0 <= token < cfg.vocab_size:
+            raise ValueError(f"token must be in [0, {cfg.vocab_size}), got {token}")
+        cache.reserve(1)
+        layers, norm, head, n = self._weights()  # panels are rebuilt only when a weight changed
+        key = tuple(t.data_ptr() for group in layers for t in group) + (norm.data_ptr(), head.data_ptr())
+        if key != self._key:  # one pointer array per kind of weight, kept while the weights stay put
+            self._pointers = [(ctypes.c_void_p * len(layers))(*[group[i].data_ptr() for group in layers])
+                              for i in range(6)]
+            self._key = key
+        pos = cache.length
+        logits = torch.empty(self.padded(n))
+        cos, sin = m.rope_cos[pos], m.rope_sin[pos]  # (D,) each, the rotate-half layout
+        H, Hkv, D = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        kernels.decode_token(
+            m.embed.weight[token].data_ptr(), len(layers), *self._pointers, norm.data_ptr(), head.data_ptr(),
+            self.padded(n), cache.k.data_ptr(), cache.v.data_ptr(), cache.capacity, pos, cos.data_ptr(),
+            sin.data_ptr(), cfg.dim, H, Hkv, D, cfg.intermediate_size, cfg.norm_eps, self.work.data_ptr(),
+            logits.data_ptr())
+        cache.advance(1)
+        y = logits[:n]
+        if isinstance(m.head, VocabSubsetHead):
+            return y.new_full((m.head.vocab_size,), float("-inf")).index_copy_(0, m.head.ids, y)
+        return y

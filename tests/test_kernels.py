@@ -147,3 +147,102 @@ def test_rms_norm_equals_the_formula_and_the_module_uses_it_for_few_rows():
     y = norm(x).sum()  # training: PyTorch's rms_norm, which has a backward
     y.backward()
     assert norm.weight.grad is not None
+
+
+# ----------------------------------------------------------------------------- one token in one call
+
+def _untied(seed=0, **kw):
+    from specdec_lab.pair import tiny_model
+    return tiny_model(seed, tie_embeddings=False, **kw)
+
+
+@pytest.mark.parametrize("shape", [
+    dict(),  # 64 wide, 4 query heads over 2 key/value heads
+    dict(vocab_size=100, dim=48, n_heads=6, n_kv_heads=1, n_layers=3),  # widths that are no multiple of PW
+    dict(vocab_size=70, dim=32, n_heads=2, n_kv_heads=2, n_layers=1, rope_theta=10000.0),
+])
+@pytest.mark.parametrize("subset", [False, True])
+def test_one_token_decoder_matches_the_eager_forward_and_writes_the_same_cache(shape, subset):
+    from specdec_lab.kv_cache import KVCache
+    from specdec_lab.model import OneTokenDecoder, restrict_vocab
+    m = _untied(3, **shape)
+    if subset:
+        restrict_vocab(m, torch.arange(1, m.cfg.vocab_size, 3))
+    eager, fused = KVCache.for_model(m.cfg, 40), KVCache.for_model(m.cfg, 40)
+    prompt = torch.randint(0, m.cfg.vocab_size, (1, 9), generator=torch.Generator().manual_seed(0))
+    m(prompt, cache=eager)
+    m(prompt, cache=fused)
+    decoder = OneTokenDecoder(m, fused)
+    for token in [4, 0, m.cfg.vocab_size - 1, 17, 17]:
+        a = m(torch.tensor([[token]]), cache=eager, last_only=True)[0, -1]
+        b = decoder(token)
+        assert b.shape == a.shape == (m.cfg.vocab_size,)
+        assert torch.equal(torch.isfinite(a), torch.isfinite(b)), "the subset's -inf columns must match"
+        finite = torch.isfinite(a)
+        assert torch.allclose(a[finite], b[finite], rtol=1e-4, atol=1e-4)
+        assert fused.length == eager.length
+    n = eager.length
+    assert torch.allclose(eager.k[:, :, :, :n], fused.k[:, :, :, :n], atol=1e-5)
+    assert torch.allclose(eager.v[:, :, :, :n], fused.v[:, :, :, :n], atol=1e-5)
+
+
+def test_one_token_decoder_follows_weight_changes_and_a_full_cache_changes_nothing():
+    from specdec_lab.kv_cache import CacheOverflowError, KVCache
+    from specdec_lab.model import OneTokenDecoder
+    m = _untied(1)
+    cache = KVCache.for_model(m.cfg, 3)
+    decoder = OneTokenDecoder(m, cache)
+    before = decoder(5)
+    cache.rollback(0)
+    with torch.no_grad():
+        m.layers[0].mlp.w2.weight.mul_(-2.0)  # in place: the same storage, a new version
+    after = decoder(5)
+    cache.rollback(0)
+    expected = m(torch.tensor([[5]]), cache=cache, last_only=True)[0, -1]
+    assert not torch.allclose(before, after)
+    assert torch.allclose(after, expected, rtol=1e-4, atol=1e-4)
+    decoder(6), decoder(7)
+    k, v = cache.k.clone(), cache.v.clone()
+    with pytest.raises(CacheOverflowError):
+        decoder(8)
+    assert cache.length == 3 and torch.equal(cache.k, k) and torch.equal(cache.v, v)
+    with pytest.raises(ValueError, match="token"):
+        decoder(m.cfg.vocab_size)
+
+
+def test_one_token_decoder_refuses_what_it_does_not_cover():
+    from specdec_lab.kv_cache import KVCache
+    from specdec_lab.model import OneTokenDecoder
+    from specdec_lab.paged import PagedSequenceCache
+    from specdec_lab.pair import tiny_model
+    tied, untied = tiny_model(0), _untied(0)
+    half = _untied(0).to(torch.bfloat16)
+    cases = [(tied, KVCache.for_model(tied.cfg, 8)),  # tied: the embedding is the head
+             (untied, PagedSequenceCache.for_model(untied.cfg, 32, block_size=8)),  # paged
+             (untied, KVCache.for_model(untied.cfg, 8, batch_size=2)),
+             (half, KVCache.for_model(half.cfg, 8, dtype=torch.bfloat16))]
+    for m, cache in cases:
+        assert not OneTokenDecoder.supports(m, cache)
+        with pytest.raises(ValueError, match="OneTokenDecoder needs"):
+            OneTokenDecoder(m, cache)
+    assert OneTokenDecoder.supports(untied, KVCache.for_model(untied.cfg, 8))
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_drafters_propose_the_same_with_and_without_the_one_call_path(temperature, monkeypatch):
+    from specdec_lab import drafters
+    from specdec_lab.engine import SpeculativeEngine
+    from specdec_lab.pair import tiny_model
+    target, draft = tiny_model(0, eos_token_ids=()), _untied(1, n_layers=1, eos_token_ids=())
+    prompt = [3, 1, 4, 1, 5, 9, 2, 6, 3, 1, 4]
+    runs = {}
+    for one_call in (False, True):
+        monkeypatch.setattr(drafters, "ONE_CALL", one_call)
+        plain = drafters.ModelDrafter(draft, 128, stop_below=0.3)
+        mixed = drafters.LookupThenModelDrafter(draft, 128, stop_below=0.3)  # long pending runs: eager
+        assert (plain.one_call is not None) == one_call == (mixed.model.one_call is not None)
+        runs[one_call] = [SpeculativeEngine(target, d, k=4, max_seq_len=128).generate(
+            prompt, max_new_tokens=40, temperature=temperature, seed=7) for d in (plain, mixed)]
+    for a, b in zip(runs[False], runs[True]):
+        assert a.tokens == b.tokens
+        assert [(r.k, r.num_accepted) for r in a.steps] == [(r.k, r.num_accepted) for r in b.steps]

@@ -104,3 +104,89 @@ extern "C" long panel_threaded(void) {
     return 1;
 #endif
 }
+
+/* ---------------------------------------------------------------------------------------
+ * One token through a whole small Llama-style decoder, in one call.
+ *
+ * A draft of a few narrow layers is not bound by memory but by dispatch: its eager forward is
+ * about 140 small operators, each costing more to launch than to compute. This function runs
+ * the same arithmetic for one token with no operator in between: per layer RMSNorm, the fused
+ * q/k/v product, rotary embedding, the key/value cache write, grouped attention over the cache,
+ * the output product, RMSNorm, the fused gate/up product, SiLU, the down product; then the
+ * final RMSNorm and the head. The products read the same packed panels as panel_matmul (one
+ * row, so bit-for-bit the eager path's products); attention and the rest agree with the eager
+ * path to rounding.
+ *
+ * Shapes: the cache is (L, Hkv, S, D) for batch 1, written at position pos; cos and sin are
+ * the rotary tables' rows for pos, in the rotate-half layout; every product's output width is
+ * padded to a multiple of PW (the panels are). work holds at least
+ * 4 * dim + (H + 2 * Hkv) * D + H * D + 2 * I + S + 4 * PW floats.
+ */
+static inline long padded(long n) { return (n + PW - 1) / PW * PW; }
+
+static void product(const float *x, const float *P, float *y, long K, long N) {
+    for (long t = 0; t < N / PW; t++) one_panel(x, 1, P, y, K, N, t);
+}
+
+static void rotate(float *v, const float *cos, const float *sin, long D) {  /* one head, in place */
+    const long half = D / 2;
+    for (long i = 0; i < half; i++) {
+        const float a = v[i], b = v[i + half];
+        v[i] = a * cos[i] - b * sin[i];
+        v[i + half] = b * cos[i + half] + a * sin[i + half];
+    }
+}
+
+extern "C" void decode_token(
+        const float *embedding, long n_layers,
+        const float *const *attn_norm, const float *const *wqkv, const float *const *wo,
+        const float *const *mlp_norm, const float *const *w13, const float *const *w2,
+        const float *final_norm, const float *head, long n_out,
+        float *k_cache, float *v_cache, long S, long pos, const float *cos, const float *sin,
+        long dim, long H, long Hkv, long D, long I, float eps, float *work, float *logits) {
+    const long G = H / Hkv, qkv_n = padded((H + 2 * Hkv) * D);
+    float *x = work, *h = x + padded(dim), *y = h + padded(dim), *qkv = y + padded(dim);
+    float *att = qkv + qkv_n, *mlp = att + padded(H * D), *scores = mlp + padded(2 * I);
+    const float scale = (float)(1.0 / __builtin_sqrt((double)D));
+    for (long i = 0; i < dim; i++) x[i] = embedding[i];
+    for (long l = 0; l < n_layers; l++) {
+        rms_norm(x, 1, dim, attn_norm[l], eps, h);
+        product(h, wqkv[l], qkv, dim, qkv_n);
+        for (long j = 0; j < H + Hkv; j++) rotate(qkv + j * D, cos, sin, D);  /* queries, then keys */
+        float *kl = k_cache + l * Hkv * S * D, *vl = v_cache + l * Hkv * S * D;
+        for (long g = 0; g < Hkv; g++)
+            for (long i = 0; i < D; i++) {
+                kl[(g * S + pos) * D + i] = qkv[(H + g) * D + i];
+                vl[(g * S + pos) * D + i] = qkv[(H + Hkv + g) * D + i];
+            }
+        for (long j = 0; j < H; j++) {  /* query head j reads key/value head j / G */
+            const float *q = qkv + j * D, *kg = kl + (j / G) * S * D, *vg = vl + (j / G) * S * D;
+            float top = -__builtin_inff(), sum = 0.0f;
+            for (long t = 0; t <= pos; t++) {
+                float s = 0.0f;
+                for (long i = 0; i < D; i++) s += q[i] * kg[t * D + i];
+                scores[t] = s * scale;
+                top = scores[t] > top ? scores[t] : top;
+            }
+            for (long t = 0; t <= pos; t++) sum += (scores[t] = __builtin_expf(scores[t] - top));
+            float *o = att + j * D;
+            for (long i = 0; i < D; i++) o[i] = 0.0f;
+            for (long t = 0; t <= pos; t++) {
+                const float p = scores[t] / sum;
+                for (long i = 0; i < D; i++) o[i] += p * vg[t * D + i];
+            }
+        }
+        product(att, wo[l], y, H * D, padded(dim));
+        for (long i = 0; i < dim; i++) x[i] += y[i];
+        rms_norm(x, 1, dim, mlp_norm[l], eps, h);
+        product(h, w13[l], mlp, dim, padded(2 * I));
+        for (long i = 0; i < I; i++) {
+            const float gate = mlp[i];
+            mlp[i] = gate / (1.0f + __builtin_expf(-gate)) * mlp[I + i];  /* silu(gate) * up */
+        }
+        product(mlp, w2[l], y, I, padded(dim));
+        for (long i = 0; i < dim; i++) x[i] += y[i];
+    }
+    rms_norm(x, 1, dim, final_norm, eps, h);
+    product(h, head, logits, dim, n_out);
+}
