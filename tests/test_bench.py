@@ -176,6 +176,13 @@ def test_predicted_speedup_is_theorem_3_8_from_the_measured_alpha_and_c(quick_do
         assert s["measured_speedup"] == s["vs_ar"]
         assert s["prediction_error"] == pytest.approx(s["measured_speedup"] / s["predicted_speedup"] - 1)
         assert s["mean_tokens_per_step"] >= 1.0 and s["syncs_per_step"] == 1.0
+        ar = r["systems"]["ar"]
+        assert ar["decode_speedup"] == 1.0
+        assert s["decode_speedup"] == pytest.approx(s["decode_tokens_per_second"] / ar["decode_tokens_per_second"])
+        v = costs["verify_cost"]["2"] if "2" in costs["verify_cost"] else costs["verify_cost"][2]
+        assert s["predicted_speedup_with_verify_cost"] == pytest.approx(expected_speedup(r["alpha"], 2, c, v))
+        assert s["decode_prediction_error_with_verify_cost"] == pytest.approx(
+            s["decode_speedup"] / s["predicted_speedup_with_verify_cost"] - 1)
 
 
 @pytest.mark.slow
@@ -190,6 +197,11 @@ def test_variable_k_systems_carry_no_prediction_and_the_error_target_names_its_s
         assert t[f"{tag}_prediction_error_of"] in ("spec_k2", "spec_adaptive")
         assert t[f"{tag}_prediction_error"]["value"] == pytest.approx(
             abs(r["systems"][t[f"{tag}_prediction_error_of"]]["prediction_error"]))
+        e = r["systems"][t[f"{tag}_prediction_error_of"]]["decode_prediction_error_with_verify_cost"]
+        if e is None:  # adaptive K predicted at a K whose verification was not timed: no v_K to use
+            assert f"{tag}_decode_prediction_error_with_v" not in t
+        else:
+            assert t[f"{tag}_decode_prediction_error_with_v"]["value"] == pytest.approx(abs(e))
 
 
 @pytest.mark.slow
