@@ -46,7 +46,7 @@ class ModelDrafter:
         self.model, self.stop_below = model, stop_below
         self.cache = cache_factory(model.cfg, capacity, dtype=model.dtype, device=model.device)
         self.pending = []  # committed tokens the draft's cache has not seen yet
-        # One call per token instead of ~140 operators, where the model and cache allow (model.py)
+        # One call per token instead of ~200 operator calls, where the model and cache allow (model.py)
         self.one_call = OneTokenDecoder(model, self.cache) if ONE_CALL and OneTokenDecoder.supports(
             model, self.cache) else None
 

@@ -344,7 +344,7 @@ class OneTokenDecoder:
     """A small model's one-token forward as one call into the kernel library (kernels.py,
     `decode_token`), writing the token's keys and values into a contiguous KVCache.
 
-    A draft of a few narrow layers spends its forward launching about 140 small operators,
+    A draft of a few narrow layers spends its forward launching some 200 small operator calls,
     not reading its few megabytes of weights; this runs the same arithmetic with none in
     between. It returns what `model(token, cache=cache, last_only=True)[0, -1]` returns (to
     rounding in attention) and advances the cache by one. `OneTokenDecoder.supports` says

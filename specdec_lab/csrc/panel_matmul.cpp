@@ -109,18 +109,18 @@ extern "C" long panel_threaded(void) {
  * One token through a whole small Llama-style decoder, in one call.
  *
  * A draft of a few narrow layers is not bound by memory but by dispatch: its eager forward is
- * about 140 small operators, each costing more to launch than to compute. This function runs
- * the same arithmetic for one token with no operator in between: per layer RMSNorm, the fused
- * q/k/v product, rotary embedding, the key/value cache write, grouped attention over the cache,
- * the output product, RMSNorm, the fused gate/up product, SiLU, the down product; then the
- * final RMSNorm and the head. The products read the same packed panels as panel_matmul (one
- * row, so bit-for-bit the eager path's products); attention and the rest agree with the eager
- * path to rounding.
+ * some 200 operator calls (views and slices included), each costing more to launch than to
+ * compute. This function runs the same arithmetic for one token with no operator in between:
+ * per layer RMSNorm, the fused q/k/v product, rotary embedding, the key/value cache write,
+ * grouped attention over the cache, the output product, RMSNorm, the fused gate/up product,
+ * SiLU, the down product; then the final RMSNorm and the head. The products read the same
+ * packed panels as panel_matmul (one row, so bit-for-bit the eager path's products); attention
+ * and the rest agree with the eager path to rounding.
  *
  * Shapes: the cache is (L, Hkv, S, D) for batch 1, written at position pos; cos and sin are
  * the rotary tables' rows for pos, in the rotate-half layout; every product's output width is
- * padded to a multiple of PW (the panels are). work holds at least
- * 4 * dim + (H + 2 * Hkv) * D + H * D + 2 * I + S + 4 * PW floats.
+ * padded to a multiple of PW (the panels are), written P(n) below. work holds
+ * 3 P(dim) + P((H + 2 Hkv) D) + P(H D) + P(2 I) + S floats (model.OneTokenDecoder sizes it).
  */
 static inline long padded(long n) { return (n + PW - 1) / PW * PW; }
 
