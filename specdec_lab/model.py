@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 from . import kernels
 from .config import ModelConfig
+from .kv_cache import KVCache
 from .masks import verification_mask
 
 
@@ -353,7 +354,6 @@ class OneTokenDecoder:
 
     @staticmethod
     def supports(model, cache) -> bool:
-        from .kv_cache import KVCache
         head = model.head.proj if isinstance(model.head, VocabSubsetHead) else model.head
         linears = [head] + [m for b in model.layers for m in (b.attn.wqkv, b.attn.wo, b.mlp.w13, b.mlp.w2)]
         return (PANEL_MATMUL and kernels.available() and model.embed is not None
