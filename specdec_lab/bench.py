@@ -24,6 +24,9 @@ with alpha measured teacher-forced along this run's own autoregressive outputs
 the target's. The theorem assumes that verifying K+1 tokens costs one target
 forward; `verify_cost[K]` measures what it really costs, and
 `predicted_speedup_with_verify_cost` puts it in the denominator instead of 1.
+The theorem also leaves out prefill, so each of our own systems carries
+`decode_speedup` (its decode loop against the autoregressive one, prefill excluded)
+and `decode_prediction_error_with_verify_cost`, the like-for-like comparison.
 
 The roofline: autoregressive decode reads every weight and the KV cache once per
 token, so bytes/token x tokens/s over the machine's read bandwidth is the fraction
