@@ -357,6 +357,7 @@ class OneTokenDecoder:
         head = model.head.proj if isinstance(model.head, VocabSubsetHead) else model.head
         linears = [head] + [m for b in model.layers for m in (b.attn.wqkv, b.attn.wo, b.mlp.w13, b.mlp.w2)]
         return (PANEL_MATMUL and kernels.available() and model.embed is not None
+                and model.embed.weight.is_contiguous() and model.embed.weight.dtype == torch.float32
                 and model.dtype == torch.float32 and model.device.type == "cpu"
                 and type(cache) is KVCache and cache.k.shape[1] == 1 and cache.k.dtype == torch.float32
                 and cache.k.is_contiguous() and cache.v.is_contiguous()
