@@ -12,7 +12,9 @@ How the figures are made (DESIGN.md section 8):
 - tokens/s counts generated tokens only, over the wall time of the whole call
   (prefill included, for every system alike; transformers cannot time its
   decode alone). On CUDA the device is synchronised before every clock read;
-- ratios are taken between systems of the same run, never across runs;
+- ratios are taken between systems of the same run, never across runs; each ratio to
+  the autoregressive decode carries a paired bootstrap interval over the prompts
+  (`vs_ar_ci95`, `ratio_interval`): how much it owes to which prompts were in the set;
 - both engines read the same draft folder. Ours applies its vocab_subset.json (the
   draft's head over its frequent tokens, pair.with_vocab_subset); transformers'
   assisted generation has no such option and runs the whole head.
@@ -332,6 +334,28 @@ def _ratio(a, b):
     return a / b if a and b else None
 
 
+def ratio_interval(tokens_a, seconds_a, tokens_b, seconds_b, level=0.95, resamples=2000, seed=0):
+    """A paired bootstrap interval for (sum tokens_a / sum seconds_a) / (sum tokens_b / sum seconds_b):
+    the prompts are drawn with replacement, both systems keeping the same draw, `resamples` times.
+    The lists hold one entry per prompt, in the same order. Returns (low, high), or None without
+    two prompts. It shows how much the ratio owes to which prompts happened to be in the set (and,
+    when sampling, to which answers were drawn); it knows nothing of the machine's noise between runs."""
+    n = len(tokens_a)
+    if n < 2 or not (n == len(seconds_a) == len(tokens_b) == len(seconds_b)):
+        return None
+    data = torch.tensor([tokens_a, seconds_a, tokens_b, seconds_b], dtype=torch.float64)  # (4, n)
+    idx = torch.randint(0, n, (resamples, n), generator=torch.Generator().manual_seed(seed))
+    sums = data[:, idx].sum(-1)  # (4, resamples)
+    ratios = (sums[0] / sums[1]) / (sums[2] / sums[3])
+    lo, hi = torch.quantile(ratios, torch.tensor([(1 - level) / 2, (1 + level) / 2], dtype=torch.float64))
+    return float(lo), float(hi)
+
+
+def _interval_vs(t: Tally, base: Tally):
+    return ratio_interval([len(o) for o in t.outputs], t.call_seconds, [len(o) for o in base.outputs],
+                          base.call_seconds)
+
+
 def by_kind(t: Tally, ar: Tally, kinds) -> dict:
     """{kind: tokens/s, its ratio to AR on the same prompts, tokens per step} over the calls of each
     kind of prompt (kinds[i] is prompt i's)."""
@@ -356,6 +380,7 @@ def summarize_system(s: System, t: Tally, tallies: dict, alpha: float, costs: St
            "calls": t.calls, "tokens": t.tokens, "seconds": t.seconds, "tokens_per_second": tps,
            "vs_ar": _ratio(tps, rate.get("ar")), "vs_hf_generate": _ratio(tps, rate.get("hf_generate")),
            "vs_hf_assisted": _ratio(tps, rate.get("hf_assisted")),
+           "vs_ar_ci95": _interval_vs(t, tallies["ar"]),  # over the prompts (ratio_interval)
            "by_kind": by_kind(t, tallies["ar"], kinds)}
     if not s.own:
         return out
@@ -425,9 +450,11 @@ def _targets(results, roofline) -> dict:
     """DESIGN.md section 8's figures, each with its target and whether this run met it."""
     out = {}
 
-    def put(name, value, target, at_least=True):
+    def put(name, value, target, at_least=True, ci95=None):
         out[name] = {"value": value, "target": target,
                      "met": None if value is None else (value >= target if at_least else value <= target)}
+        if ci95 is not None:
+            out[name]["ci95"] = ci95
 
     for r in results:
         sy = r["systems"]
@@ -437,7 +464,8 @@ def _targets(results, roofline) -> dict:
         best = max(spec, key=lambda n: sy[n]["tokens_per_second"])
         tag = f"t{r['temperature']:g}"
         out[f"{tag}_best_speculative"] = best
-        put(f"{tag}_best_speculative_vs_ar", sy[best]["vs_ar"], 2.0 if r["temperature"] == 0 else 1.5)
+        put(f"{tag}_best_speculative_vs_ar", sy[best]["vs_ar"], 2.0 if r["temperature"] == 0 else 1.5,
+            ci95=sy[best].get("vs_ar_ci95"))
         if "hf_assisted" in sy:
             put(f"{tag}_best_speculative_vs_hf_assisted", sy[best]["vs_hf_assisted"], 1.5)
         if "hf_generate" in sy:
@@ -534,13 +562,15 @@ def format_table(doc) -> str:
             f"step costs at {c['context']} cached tokens: target {c['target_forward_seconds'] * 1e3:.2f} ms, "
             f"draft {c['draft_forward_seconds'] * 1e3:.2f} ms, c = {c['c']:.3f}; verify K+1 over 1 token: "
             + " ".join(f"K{k}:{v:.2f}" for k, v in c["verify_cost"].items())]
-    head = (f"{'system':30s} {'tok/s':>7s} {'vs AR':>6s} {'vs HF':>6s} {'vs asst':>7s} {'K':>4s} {'alpha':>6s} "
+    head = (f"{'system':30s} {'tok/s':>7s} {'vs AR':>6s} {'95% CI':>9s} {'vs HF':>6s} {'vs asst':>7s} {'K':>4s} {'alpha':>6s} "
             f"{'tok/step':>8s} {'c':>6s} {'pred':>5s} {'pred+v':>6s} {'meas':>5s} {'loop':>5s}")
     for r in doc["results"]:
         rows += ["", f"temperature {r['temperature']:g}: alpha = {r['alpha']:.3f} (teacher-forced, "
                      f"{r['alpha_positions']} positions)", head]
         for s in r["systems"].values():
-            rows.append(f"{s['label']:30s} {s['tokens_per_second']:7.1f} {_f(s['vs_ar'], '6.2f')} "
+            ci = s.get("vs_ar_ci95")
+            ci = f"{ci[0]:.2f}-{ci[1]:.2f}" if ci else "-"
+            rows.append(f"{s['label']:30s} {s['tokens_per_second']:7.1f} {_f(s['vs_ar'], '6.2f')} {ci:>9s} "
                         f"{_f(s['vs_hf_generate'], '6.2f')} {_f(s['vs_hf_assisted'], '7.2f')} "
                         f"{_f(s.get('mean_k'), '4.1f')} "
                         f"{_f(s.get('alpha'), '6.3f')} {_f(s.get('mean_tokens_per_step'), '8.2f')} "
@@ -565,13 +595,14 @@ def format_table(doc) -> str:
     for n, v in doc["targets"].items():
         if isinstance(v, dict):
             rel = "<=" if "prediction_error" in n else ">="
+            ci = f"  (95% over prompts: {v['ci95'][0]:.2f}-{v['ci95'][1]:.2f})" if v.get("ci95") else ""
             rows.append(f"  {n:45s} {_f(v['value'], '6.2f')}  target {rel} {v['target']:<5}"
-                        f"{'met' if v['met'] else 'NOT met'}")
+                        f"{'met' if v['met'] else 'NOT met'}{ci}")
         else:
             rows.append(f"  {n:45s} {v}")
     rows.append("pred: Theorem 3.8 of arXiv 2211.17192 from alpha and c; pred+v: with the measured cost of "
                 "verifying K+1 tokens; meas: measured speedup over this engine's autoregressive decode, prefill "
-                "included; loop: the same, decode loops only")
+                "included; loop: the same, decode loops only; 95% CI: a paired bootstrap of vs AR over the prompts")
     return "\n".join(rows)
 
 

@@ -60,6 +60,24 @@ def test_alpha_from_steps_is_accepted_over_trials():
     assert bench.alpha_from_steps(0, 0) is None
 
 
+def test_ratio_interval_is_a_paired_bootstrap_over_the_prompts():
+    tokens, seconds = [60, 64, 20, 64, 48], [2.0, 2.5, 0.6, 1.9, 1.7]
+    same = bench.ratio_interval(tokens, seconds, tokens, seconds)
+    assert same == pytest.approx((1.0, 1.0)), "a system against itself: every resample gives 1"
+    twice = bench.ratio_interval(tokens, [x / 2 for x in seconds], tokens, seconds)
+    assert twice == pytest.approx((2.0, 2.0)), "twice as fast on every prompt: pairing removes the spread"
+    # Faster on some prompts only: the interval is wide and holds the ratio of the sums
+    tokens, seconds = tokens * 3, seconds * 3  # 15 prompts
+    fast = [x * f for x, f in zip(seconds, [0.5, 1.0, 0.5, 0.5, 1.0, 0.6, 0.9, 0.5, 0.7, 1.0, 0.5, 0.8, 0.6, 0.5, 1.0])]
+    lo, hi = bench.ratio_interval(tokens, fast, tokens, seconds)
+    point = (sum(tokens) / sum(fast)) / (sum(tokens) / sum(seconds))
+    assert lo < point < hi and hi - lo > 0.1
+    assert bench.ratio_interval(tokens, fast, tokens, seconds, seed=1) != (lo, hi), "the seed is used"
+    assert bench.ratio_interval(tokens, fast, tokens, seconds) == (lo, hi), "and it repeats with the same seed"
+    assert bench.ratio_interval([5], [1.0], [5], [2.0]) is None, "one prompt has no spread to resample"
+    assert bench.ratio_interval(tokens, seconds, tokens[:3], seconds[:3]) is None, "unpaired lists"
+
+
 def test_list_options_parse_ranges_and_lists_and_name_the_option_when_bad():
     assert bench._parse_list("1-8", int, "--ks") == tuple(range(1, 9))
     assert bench._parse_list("2,4", int, "--ks") == (2, 4)
@@ -162,6 +180,11 @@ def test_ratios_are_the_quotients_of_the_tokens_per_second_figures(quick_doc):
             assert s["vs_ar"] == pytest.approx(s["tokens_per_second"] / sy["ar"]["tokens_per_second"])
             assert s["vs_hf_generate"] == pytest.approx(s["tokens_per_second"] / sy["hf_generate"]["tokens_per_second"])
             assert s["vs_hf_assisted"] == pytest.approx(s["tokens_per_second"] / sy["hf_assisted"]["tokens_per_second"])
+            lo, hi = s["vs_ar_ci95"]
+            assert lo <= s["vs_ar"] + 1e-9 and s["vs_ar"] <= hi + 1e-9, "the interval must hold the ratio itself"
+        assert sy["ar"]["vs_ar_ci95"] == pytest.approx((1.0, 1.0))
+        best = quick_doc["targets"][f"t{r['temperature']:g}_best_speculative"]
+        assert quick_doc["targets"][f"t{r['temperature']:g}_best_speculative_vs_ar"]["ci95"] == sy[best]["vs_ar_ci95"]
 
 
 @pytest.mark.slow
