@@ -121,6 +121,8 @@ def add_bench_parser(sub):
     b.add_argument("--max-new-tokens", type=int, help="default 128 (16 with --quick)")
     b.add_argument("--temperatures", help="comma list, default 0,0.7")
     b.add_argument("--ks", help="fixed draft lengths: 1-8 (default) or a list like 2,4")
+    b.add_argument("--samples", type=int,
+                   help="calls per prompt at temperature > 0, each with its own seed (default 1)")
     b.add_argument("--no-hf", action="store_true", help="skip the transformers systems")
     b.add_argument("--no-adaptive", action="store_true", help="skip adaptive K")
     b.add_argument("--no-refinements", action="store_true",

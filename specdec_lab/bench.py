@@ -15,6 +15,10 @@ How the figures are made (DESIGN.md section 8):
 - ratios are taken between systems of the same run, never across runs; each ratio to
   the autoregressive decode carries a paired bootstrap interval over the prompts
   (`vs_ar_ci95`, `ratio_interval`): how much it owes to which prompts were in the set;
+- when sampling, one answer per prompt is one draw: a figure at temperature 0.7 moved
+  by several percent with the seeds alone. `samples` (`--samples N`) runs every system
+  N times per prompt with seeds seeds_for gives, the same seeds for every system; the
+  interval then resamples prompts with all their samples;
 - both engines read the same draft folder. Ours applies its vocab_subset.json (the
   draft's head over its frequent tokens, pair.with_vocab_subset); transformers'
   assisted generation has no such option and runs the whole head.
@@ -183,8 +187,10 @@ class Tally:
     outputs: list = field(default_factory=list)  # the new ids of each call, prompt order
     call_seconds: list = field(default_factory=list)  # the wall time of each call, prompt order
     call_steps: list = field(default_factory=list)  # the steps of each call (own systems)
+    call_prompts: list = field(default_factory=list)  # which prompt each call ran (several calls when sampling)
 
-    def add(self, ids, tokens, seconds, stats=None, steps=()):
+    def add(self, ids, tokens, seconds, stats=None, steps=(), prompt=None):
+        self.call_prompts.append(self.calls if prompt is None else prompt)
         self.calls += 1
         self.tokens += len(tokens)
         self.seconds += seconds
@@ -202,6 +208,16 @@ class Tally:
         self.draft_seconds += stats.draft_seconds
         self.target_seconds += stats.target_seconds
         self.syncs += stats.syncs
+
+    def per_prompt(self, calls=None) -> tuple[list, list, list]:
+        """(prompts, tokens, seconds): each prompt's calls summed, in order of first appearance;
+        `calls` (indices) limits the sum to some of the calls."""
+        tokens, seconds = {}, {}
+        for j in range(self.calls) if calls is None else calls:
+            p = self.call_prompts[j]
+            tokens[p] = tokens.get(p, 0) + len(self.outputs[j])
+            seconds[p] = seconds.get(p, 0.0) + self.call_seconds[j]
+        return list(tokens), list(tokens.values()), list(seconds.values())
 
 
 @dataclass
@@ -288,6 +304,7 @@ class BenchConfig:
     refinements: bool = True  # the early-stopping draft, and prompt lookup + draft (STOP_K, STOP_BELOW)
     hf: bool = True  # the transformers systems (need the HF models)
     seed: int = 0  # prompt i runs with seed + i, the same for every system
+    samples: int = 1  # calls per prompt when sampling (temperature > 0), sample s with seed + i + SAMPLE_STRIDE s
     cost_reps: int = 20  # rounds of measure_step_costs
     warmup_tokens: int = 16  # tokens per system in the warm-up call
     quick: bool = False
@@ -301,6 +318,19 @@ class BenchConfig:
             raise ValueError(f"temperatures must be numbers >= 0, got {self.temperatures!r}")
         if any(not 1 <= k <= 16 for k in self.ks):
             raise ValueError(f"ks must lie in [1, 16], got {self.ks!r}")
+        if isinstance(self.samples, bool) or not isinstance(self.samples, int) or not 1 <= self.samples <= 100:
+            raise ValueError(f"samples must be an int in [1, 100], got {self.samples!r}")
+
+
+# Sample s of prompt i runs with seed cfg.seed + i + SAMPLE_STRIDE * s: distinct for up to 1000 prompts.
+SAMPLE_STRIDE = 1000
+
+
+def seeds_for(cfg: BenchConfig, temperature: float, i: int) -> list:
+    """The seeds prompt i runs with: one at temperature 0, where every call would give the same
+    answer, and cfg.samples when sampling, so that the figure rests on more than one draw per prompt."""
+    n = 1 if temperature == 0 else cfg.samples
+    return [cfg.seed + i + SAMPLE_STRIDE * s for s in range(n)]
 
 
 QUICK = dict(num_prompts=2, max_new_tokens=16, ks=(2, 4), cost_reps=5, warmup_tokens=4, quick=True)
@@ -313,16 +343,17 @@ def _timed(system, ids, n, temperature, seed, clock):
 
 
 def run_systems(systems, prompt_ids, cfg, temperature, clock, log=None, probe=None) -> dict:
-    """name -> Tally: a warm-up call of each system, then prompt-major timed calls;
-    `probe()` (a BandwidthProbe) runs after each prompt's round."""
+    """name -> Tally: a warm-up call of each system, then prompt-major timed calls (each system once
+    per seed of seeds_for); `probe()` (a BandwidthProbe) runs after each prompt's round."""
     for s in systems:
         s.run(prompt_ids[0], min(cfg.warmup_tokens, cfg.max_new_tokens), temperature, cfg.seed)
     tallies = {s.name: Tally() for s in systems}
     for i, ids in enumerate(prompt_ids):
-        order = systems[i % len(systems):] + systems[:i % len(systems)]  # rotate who goes first
-        for s in order:
-            tokens, res, dt = _timed(s, ids, cfg.max_new_tokens, temperature, cfg.seed + i, clock)
-            tallies[s.name].add(ids, tokens, dt, res.stats if res else None, res.steps if res else ())
+        for j, seed in enumerate(seeds_for(cfg, temperature, i)):
+            r = (i + j) % len(systems)
+            for s in systems[r:] + systems[:r]:  # rotate who goes first
+                tokens, res, dt = _timed(s, ids, cfg.max_new_tokens, temperature, seed, clock)
+                tallies[s.name].add(ids, tokens, dt, res.stats if res else None, res.steps if res else (), prompt=i)
         if probe is not None:
             probe()
         if log:
@@ -352,21 +383,22 @@ def ratio_interval(tokens_a, seconds_a, tokens_b, seconds_b, level=0.95, resampl
 
 
 def _interval_vs(t: Tally, base: Tally):
-    return ratio_interval([len(o) for o in t.outputs], t.call_seconds, [len(o) for o in base.outputs],
-                          base.call_seconds)
+    """ratio_interval over the prompts: a prompt's samples stay together in every draw."""
+    (_, tok_a, sec_a), (_, tok_b, sec_b) = t.per_prompt(), base.per_prompt()
+    return ratio_interval(tok_a, sec_a, tok_b, sec_b)
 
 
 def by_kind(t: Tally, ar: Tally, kinds) -> dict:
     """{kind: tokens/s, its ratio to AR on the same prompts, tokens per step} over the calls of each
     kind of prompt (kinds[i] is prompt i's)."""
     out = {}
-    for kind in dict.fromkeys(kinds[:t.calls]):  # the kinds of the prompts that ran, in order
-        idx = [i for i, k in enumerate(kinds[:t.calls]) if k == kind]
+    for kind in dict.fromkeys(kinds[p] for p in t.call_prompts):  # the kinds of the prompts that ran, in order
+        idx = [j for j, p in enumerate(t.call_prompts) if kinds[p] == kind]  # calls, as both ran the same ones
         tokens, seconds = sum(len(t.outputs[i]) for i in idx), sum(t.call_seconds[i] for i in idx)
         ar_tokens, ar_seconds = sum(len(ar.outputs[i]) for i in idx), sum(ar.call_seconds[i] for i in idx)
         tps = tokens / seconds if seconds > 0 else 0.0
         steps = sum(t.call_steps[i] for i in idx) if t.call_steps else 0
-        out[kind] = {"prompts": len(idx), "tokens": tokens, "tokens_per_second": tps,
+        out[kind] = {"prompts": len({t.call_prompts[i] for i in idx}), "tokens": tokens, "tokens_per_second": tps,
                      "vs_ar": _ratio(tps, ar_tokens / ar_seconds if ar_seconds > 0 else 0.0),
                      "mean_tokens_per_step": tokens / steps if steps else None}
     return out
@@ -431,8 +463,8 @@ def roofline_report(target, ar: Tally, prompt_ids, bandwidth: float, source: str
     nbytes = target.dtype.itemsize
     weights = streamed_weight_bytes(target.cfg, nbytes)
     # Decode step j of a call reads P + j cached positions; sum over the whole run.
-    kv = sum(kv_bytes_read(target.cfg, len(ids) + (len(new) - 1) / 2, nbytes) * len(new)
-             for ids, new in zip(prompt_ids * (len(ar.outputs) // len(prompt_ids)), ar.outputs))
+    kv = sum(kv_bytes_read(target.cfg, len(prompt_ids[p]) + (len(new) - 1) / 2, nbytes) * len(new)
+             for p, new in zip(ar.call_prompts, ar.outputs))
     tokens = max(ar.tokens, 1)
     per_token = weights + kv / tokens
     tps = ar.tokens / ar.decode_seconds if ar.decode_seconds else 0.0
@@ -503,15 +535,18 @@ def run_bench(target, draft, cfg: BenchConfig, hf_target=None, hf_draft=None, lo
     for temperature in cfg.temperatures:
         tallies = run_systems(systems, prompt_ids, cfg, temperature, clock, log, probe)
         ar = tallies["ar"]
-        alpha, positions = teacher_forced_alpha(target, draft, list(zip(prompt_ids, ar.outputs)), temperature)
+        alpha, positions = teacher_forced_alpha(target, draft, [(prompt_ids[p], new) for p, new in
+                                                                zip(ar.call_prompts, ar.outputs)], temperature)
         sy = {s.name: summarize_system(s, tallies[s.name], tallies, alpha, costs, cfg.ks) for s in systems}
         if temperature == 0:  # greedy speculative decoding must reproduce greedy decoding
             for name, t in tallies.items():
                 sy[name]["same_output_as_ar"] = sum(a == b for a, b in zip(t.outputs, ar.outputs)) / len(ar.outputs)
-        results.append({"temperature": temperature, "alpha": alpha, "alpha_positions": positions, "systems": sy})
+        results.append({"temperature": temperature, "samples_per_prompt": len(seeds_for(cfg, temperature, 0)),
+                        "alpha": alpha, "alpha_positions": positions, "systems": sy})
         for f in ("tokens", "decode_seconds"):
             setattr(ar_all, f, getattr(ar_all, f) + getattr(ar, f))
         ar_all.outputs += ar.outputs
+        ar_all.call_prompts += ar.call_prompts
     rf = roofline_report(target, ar_all, prompt_ids, bandwidth, source, probe.samples)
     del probe
     from datetime import datetime, timezone
@@ -565,8 +600,10 @@ def format_table(doc) -> str:
     head = (f"{'system':30s} {'tok/s':>7s} {'vs AR':>6s} {'95% CI':>9s} {'vs HF':>6s} {'vs asst':>7s} "
             f"{'K':>4s} {'alpha':>6s} {'tok/step':>8s} {'c':>6s} {'pred':>5s} {'pred+v':>6s} {'meas':>5s} {'loop':>5s}")
     for r in doc["results"]:
+        n = r.get("samples_per_prompt", 1)
+        drawn = f"; {n} samples per prompt" if n > 1 else ""
         rows += ["", f"temperature {r['temperature']:g}: alpha = {r['alpha']:.3f} (teacher-forced, "
-                     f"{r['alpha_positions']} positions)", head]
+                     f"{r['alpha_positions']} positions){drawn}", head]
         for s in r["systems"].values():
             ci = s.get("vs_ar_ci95")
             ci = f"{ci[0]:.2f}-{ci[1]:.2f}" if ci else "-"
@@ -987,6 +1024,8 @@ def _overrides(args) -> dict:
         o["adaptive"] = False
     if getattr(args, "no_refinements", False):
         o["refinements"] = False
+    if getattr(args, "samples", None) is not None:
+        o["samples"] = args.samples
     return o
 
 

@@ -89,9 +89,54 @@ def test_list_options_parse_ranges_and_lists_and_name_the_option_when_bad():
 def test_bench_config_rejects_bad_values_naming_them():
     for kw, name in [(dict(num_prompts=0), "num_prompts"), (dict(num_prompts=25), "num_prompts"),
                      (dict(max_new_tokens=0), "max_new_tokens"), (dict(temperatures=(-1.0,)), "temperatures"),
-                     (dict(ks=(0,)), "ks")]:
+                     (dict(ks=(0,)), "ks"), (dict(samples=0), "samples"), (dict(samples=True), "samples"),
+                     (dict(samples=1.5), "samples")]:
         with pytest.raises(ValueError, match=name):
             bench.BenchConfig(**kw)
+
+
+def test_sampling_runs_every_system_once_per_seed_with_the_same_seeds():
+    """samples=N: N calls per prompt when sampling, one when greedy; every system gets the same seeds,
+    and a prompt's samples stay together in the per-prompt sums the interval resamples."""
+    cfg = bench.BenchConfig(num_prompts=2, samples=3, seed=5, warmup_tokens=1, max_new_tokens=3)
+    assert bench.seeds_for(cfg, 0.0, 1) == [6]
+    assert bench.seeds_for(cfg, 0.7, 1) == [6, 6 + bench.SAMPLE_STRIDE, 6 + 2 * bench.SAMPLE_STRIDE]
+    assert bench.seeds_for(bench.BenchConfig(seed=5), 0.7, 1) == [6], "one sample keeps the seeds of before"
+    seen = {"a": [], "b": []}
+
+    def system(name):
+        def run(ids, n, temperature, seed):
+            seen[name].append((ids[0], seed))
+            return [seed % 7] * (1 + seed % 3), None  # lengths that differ from sample to sample
+        return bench.System(name, name, run, own=False)
+
+    prompts = [[10], [20]]
+    for temperature, calls in ((0.0, 1), (0.7, 3)):
+        seen = {"a": [], "b": []}
+        tallies = bench.run_systems([system("a"), system("b")], prompts, cfg, temperature, lambda: 0.0)
+        timed = {n: v[1:] for n, v in seen.items()}  # the first call of each is the warm-up
+        assert timed["a"] and sorted(timed["a"]) == sorted(timed["b"]), "both systems must run the same seeds"
+        assert sorted(timed["a"]) == sorted((p[0], s) for i, p in enumerate(prompts)
+                                            for s in bench.seeds_for(cfg, temperature, i))
+        t = tallies["a"]
+        assert t.calls == 2 * calls and t.call_prompts == [0] * calls + [1] * calls
+        prompt_ids, tokens, _ = t.per_prompt()
+        assert prompt_ids == [0, 1] and tokens == [sum(len(o) for o in t.outputs[:calls]),
+                                                   sum(len(o) for o in t.outputs[calls:])]
+
+
+def test_the_interval_and_kinds_count_prompts_not_calls_when_sampling():
+    ar, spec = bench.Tally(), bench.Tally()
+    calls = [(0, 4, 1.0, 0.5), (0, 2, 1.0, 1.0), (1, 6, 2.0, 1.0), (1, 6, 2.0, 3.0)]  # prompt, tokens, ar s, spec s
+    for p, n, sec_ar, sec_spec in calls:
+        ar.add([1], [0] * n, sec_ar, prompt=p)
+        spec.add([1], [0] * n, sec_spec, prompt=p)
+    assert spec.per_prompt() == ([0, 1], [6, 12], [1.5, 4.0])
+    assert bench._interval_vs(spec, ar) == bench.ratio_interval([6, 12], [1.5, 4.0], [6, 12], [2.0, 4.0])
+    out = bench.by_kind(spec, ar, ["a", "b"])
+    assert out["a"]["prompts"] == 1 and out["a"]["tokens"] == 6 and out["b"]["tokens"] == 12
+    assert out["a"]["vs_ar"] == pytest.approx((6 / 1.5) / (6 / 2.0))
+    assert out["b"]["vs_ar"] == pytest.approx((12 / 4.0) / (12 / 4.0))
 
 
 def test_step_costs_time_every_kind_and_restore_the_caches(tiny_pair):
@@ -152,7 +197,7 @@ def quick_doc(default_target, hf_target, stand_in_draft_dir):
     try:
         draft = bench.load_draft(stand_in_draft_dir)
         cfg = bench.BenchConfig(num_prompts=2, max_new_tokens=8, temperatures=(0.0, 0.7), ks=(2,),
-                                cost_reps=3, warmup_tokens=2, quick=True)
+                                cost_reps=3, warmup_tokens=2, quick=True, samples=2)
         return bench.run_bench(default_target, draft, cfg, hf_target, load_hf_causal_lm(stand_in_draft_dir))
     finally:
         torch.set_num_threads(threads)
@@ -165,10 +210,12 @@ EXPECTED = ["ar", "spec_k2", "spec_adaptive", "spec_stop", "spec_lookup", "hf_ge
 def test_quick_bench_runs_every_system_with_positive_tokens_per_second(quick_doc):
     doc = json.loads(json.dumps(quick_doc))  # what the CLI prints must round-trip
     assert [r["temperature"] for r in doc["results"]] == [0.0, 0.7]
+    assert [r["samples_per_prompt"] for r in doc["results"]] == [1, 2], "greedy runs once, sampling twice"
     for r in doc["results"]:
         assert list(r["systems"]) == EXPECTED
         for name, s in r["systems"].items():
-            assert s["tokens_per_second"] > 0 and s["calls"] == 2, f"{name} at T={r['temperature']}"
+            assert s["tokens_per_second"] > 0 and s["calls"] == 2 * r["samples_per_prompt"], \
+                f"{name} at T={r['temperature']}"
 
 
 @pytest.mark.slow
@@ -269,7 +316,7 @@ def test_roofline_fraction_uses_the_ar_decode_rate_and_the_measured_bandwidth(qu
     rf = quick_doc["roofline"]
     assert rf["weight_bytes"] == default_target.cfg.num_params * 4  # float32, tied embeddings
     assert rf["bandwidth_bytes_per_s"] > 1e8 and 0 < rf["fraction_of_bandwidth"] < 5
-    assert rf["bandwidth_samples"]["n"] == 2 * 2, "one bandwidth sample after each prompt's round, per temperature"
+    assert rf["bandwidth_samples"]["n"] == 2 * 2, "one bandwidth sample after each prompt's rounds, per temperature"
     assert rf["fraction_of_bandwidth"] == pytest.approx(
         rf["bytes_per_token"] * rf["ar_decode_tokens_per_second"] / rf["bandwidth_bytes_per_s"])
     table = bench.format_table(quick_doc)
