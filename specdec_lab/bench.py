@@ -17,8 +17,8 @@ How the figures are made (DESIGN.md section 8):
   (`vs_ar_ci95`, `ratio_interval`): how much it owes to which prompts were in the set;
 - when sampling, one answer per prompt is one draw: a figure at temperature 0.7 moved
   by several percent with the seeds alone. `samples` (`--samples N`) runs every system
-  N times per prompt with seeds seeds_for gives, the same seeds for every system; the
-  interval then resamples prompts with all their samples;
+  N times per prompt, with the seeds of `seeds_for`, the same for every system; the
+  interval then resamples prompts together with all their samples;
 - both engines read the same draft folder. Ours applies its vocab_subset.json (the
   draft's head over its frequent tokens, pair.with_vocab_subset); transformers'
   assisted generation has no such option and runs the whole head.
@@ -209,14 +209,12 @@ class Tally:
         self.target_seconds += stats.target_seconds
         self.syncs += stats.syncs
 
-    def per_prompt(self, calls=None) -> tuple[list, list, list]:
-        """(prompts, tokens, seconds): each prompt's calls summed, in order of first appearance;
-        `calls` (indices) limits the sum to some of the calls."""
+    def per_prompt(self) -> tuple[list, list, list]:
+        """(prompts, tokens, seconds): each prompt's calls summed, in order of first appearance."""
         tokens, seconds = {}, {}
-        for j in range(self.calls) if calls is None else calls:
-            p = self.call_prompts[j]
-            tokens[p] = tokens.get(p, 0) + len(self.outputs[j])
-            seconds[p] = seconds.get(p, 0.0) + self.call_seconds[j]
+        for p, new, sec in zip(self.call_prompts, self.outputs, self.call_seconds):
+            tokens[p] = tokens.get(p, 0) + len(new)
+            seconds[p] = seconds.get(p, 0.0) + sec
         return list(tokens), list(tokens.values()), list(seconds.values())
 
 
