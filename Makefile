@@ -31,7 +31,8 @@ test: setup
 demo: setup
 	$(PY) -m specdec_lab generate --prompt "Why is the sky blue?" --k 4 --max-new-tokens 64
 
-# The configuration docs/bench_full.json was measured with (about 40 minutes on 2 cores): three
+# The configuration docs/bench_full.json was measured with (36 minutes on 2 cores; about 90 on a day
+# the machine read memory at 11 GB/s, docs/bench_slow_memory.json): three
 # samples per prompt at temperature 0.7, where one answer per prompt leaves the figure to the seeds.
 bench: setup
 	OMP_NUM_THREADS=1 $(PY) -m specdec_lab bench --prompts 24 --max-new-tokens 64 --ks 1-8 --threads 1 --samples 3

@@ -18,8 +18,10 @@ The figures are for the decode loop (prefill and per-step bookkeeping are left o
 sit above the measured whole-call speedups; they are for comparing policies with each other.
 
     python scripts/draft_ceiling.py            # about a minute on 2 cores
+    python scripts/draft_ceiling.py docs/bench_slow_memory.json   # priced with another stored run
 """
 import json
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -105,8 +107,9 @@ def replay(runs, propose, c, verify_cost):
     return tokens / cost
 
 
-def main():
-    stored = json.loads((ROOT / "docs" / "bench_full.json").read_text())["costs"]
+def main(costs_from=ROOT / "docs" / "bench_full.json"):
+    stored = json.loads(Path(costs_from).read_text())["costs"]
+    print(f"costs from {costs_from}")
     c, v = stored["c"], {int(k) + 1: x for k, x in stored["verify_cost"].items()}  # by tokens in the forward
     slope = v[9] - v[8]
 
@@ -141,4 +144,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    main(*sys.argv[1:2])

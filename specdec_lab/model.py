@@ -44,13 +44,18 @@ PANEL_MATMUL = True
 # 2.34x to 1.04x the cost of a one-token forward (acceptance.measure_verify_cost).
 # That ratio is what speculative decoding lives on. In bfloat16 the packed kernel also
 # wins at one row (a one-token forward of the default target: 35 ms, against 52 ms
-# through the default kernel and 44 ms in float32), so bfloat16 weights take it always.
+# through the default kernel and 44 ms in float32), so bfloat16 weights take it always, on
+# processors whose oneDNN packs bfloat16 (CAN_PACK_BF16).
 # Set to False to compare.
 PACKED_MATMUL = True
 _PACK_ROWS_HINT = 5  # the row count oneDNN tunes the layout for; it serves any row count
 
 
 _HAVE_PACKING = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+# oneDNN packs bfloat16 only on processors with bfloat16 instructions (AVX-512 BF16 or AVX-NE-CONVERT);
+# on an AVX2-only processor the reorder raises, and bfloat16 products take PyTorch's kernel.
+CAN_PACK_BF16 = (_HAVE_PACKING and hasattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported")
+                 and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()))
 
 
 def _use_kernels(x: torch.Tensor, w: torch.Tensor) -> bool:
@@ -62,7 +67,8 @@ def _use_kernels(x: torch.Tensor, w: torch.Tensor) -> bool:
 
 
 def _can_pack(w: torch.Tensor) -> bool:
-    return _HAVE_PACKING and w.device.type == "cpu" and w.dtype in (torch.float32, torch.bfloat16)
+    return (_HAVE_PACKING and w.device.type == "cpu"
+            and (w.dtype == torch.float32 or (w.dtype == torch.bfloat16 and CAN_PACK_BF16)))
 
 
 class Linear(nn.Module):

@@ -384,6 +384,40 @@ def bench_kinds_figure(doc, temperature_index=0, names=None) -> go.Figure:
     return fig
 
 
+def stored_runs_figure(docs) -> go.Figure:
+    """Several bench.run_bench documents of the same command, side by side ({name: doc}). Left: the
+    cost of verifying K+1 tokens over one (v_K) in each run. Right: the ratios that moved with the
+    machine: this engine's decode over transformers' `generate` and the fastest speculative system
+    over this engine's decode, at each temperature, one bar per run."""
+    fig = make_subplots(rows=1, cols=2, column_widths=[0.4, 0.6],
+                        subplot_titles=("verifying K+1 tokens / one token", "ratios of the run"))
+    for i, (name, doc) in enumerate(docs.items()):
+        color = PALETTE[i % len(PALETTE)]
+        verify = {int(k): v for k, v in doc["costs"]["verify_cost"].items()}  # JSON turns int keys to str
+        ks = sorted(verify)
+        fig.add_trace(go.Scatter(x=ks, y=[verify[k] for k in ks], mode="lines+markers", name=name,
+                                 legendgroup=name, line=dict(color=color)), row=1, col=1)
+        labels, values = [], []
+        for r in doc["results"]:
+            sy, t = r["systems"], f"T={r['temperature']:g}"
+            spec = [s for n, s in sy.items() if n.startswith("spec_")]
+            if "hf_generate" in sy:
+                labels.append(f"AR / generate, {t}")
+                values.append(sy["ar"]["vs_hf_generate"])
+            if spec:
+                labels.append(f"best spec / AR, {t}")
+                values.append(max(s["vs_ar"] for s in spec))
+        fig.add_trace(go.Bar(x=labels, y=values, name=name, legendgroup=name, showlegend=False, marker_color=color,
+                             text=[f"{v:.2f}" for v in values], textposition="outside", cliponaxis=False),
+                      row=1, col=2)
+    fig.add_hline(y=1.0, line=dict(color=NEUTRAL, dash="dot"), row=1, col=1)
+    fig.update_xaxes(title_text="K", dtick=1, row=1, col=1)
+    fig.update_yaxes(rangemode="tozero", row=1, col=2)
+    fig.update_layout(barmode="group", height=420, title="The same benchmark command, stored more than once",
+                      legend=dict(orientation="h", y=-0.2))
+    return fig
+
+
 # --------------------------------------------------------------------------- chapter 07: adaptive K
 
 

@@ -291,3 +291,18 @@ def test_three_op_rope_equals_the_rotate_half_formula():
     assert torch.allclose(apply_rope_signed(x, cos[:, None], sin_signed[:, None]), want, atol=1e-6)
     assert not torch.allclose(apply_rope_signed(x, cos[:, None], sin[:, None]), want, atol=1e-3), \
         "the sign of the first half must matter"
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+def test_bfloat16_linear_runs_whether_or_not_onednn_packs_bfloat16_here(rows):
+    # On a processor without bfloat16 instructions oneDNN's reorder raises; Linear must then fall
+    # back to PyTorch's product instead of failing (model.CAN_PACK_BF16 says which path this is).
+    from specdec_lab import model as model_module
+    lin = model_module.Linear(64, 96).to(torch.bfloat16)
+    torch.nn.init.normal_(lin.weight, std=0.1)
+    x = torch.randn(rows, 64, dtype=torch.bfloat16)
+    with torch.inference_mode():
+        y = lin(x)
+    assert y.dtype == torch.bfloat16 and y.shape == (rows, 96)
+    torch.testing.assert_close(y.float(), x.float() @ lin.weight.detach().float(), atol=0.05, rtol=0.02)
+    assert model_module._can_pack(lin.weight) == model_module.CAN_PACK_BF16

@@ -13,6 +13,14 @@
  * by; the compiler vectorises the j loops. More than RB rows take further passes over
  * the same panel, which is then still in L2.
  *
+ * With AVX2 only (16 registers of 8 floats), a row of a panel takes 4 registers, and past
+ * 3 rows the compiler keeps some accumulators on the stack. That costs arithmetic, not
+ * reads: while the weights stream from memory, verification's few rows still cost little
+ * more than one. A variant that covered half a panel per pass (up to 6 rows in 12
+ * registers, the halves in two passes) was faster on a matrix held in cache but slower in
+ * the target's forward, where weights come from memory (a 3-token forward 1.33-1.48x a
+ * 1-token one, against 1.01-1.20x with this loop; one thread, three alternating rounds).
+ *
  * Every output element is one chain of fused multiply-adds in k order, whatever R is,
  * so a row's result is bit-for-bit the same in a one-row product and in a K+1-row
  * verification product.
