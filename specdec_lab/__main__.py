@@ -1,4 +1,4 @@
-"""Command line: python -m specdec_lab {fetch, generate, acceptance, distill, bench}."""
+"""Command line: python -m specdec_lab {fetch, generate, acceptance, distill, distill-features, bench}."""
 import argparse
 import json
 import sys
@@ -94,6 +94,14 @@ def cmd_distill(args):
     print(f"draft saved to {out}; held-out greedy alpha {curve[-1][1]:.3f}" if curve else f"draft saved to {out}")
 
 
+def cmd_distill_features(args):
+    from .feature_draft import feature_main
+    out, curve = feature_main(budget=args.budget, out_dir=args.out, work_dir=args.work_dir, steps=args.steps,
+                              lr=args.lr, data_minutes=args.data_minutes)
+    print(f"feature draft saved to {out}; held-out agreement at depth 1 {curve[-1][1]:.3f}, depth 2 {curve[-1][2]:.3f}"
+          if curve else f"feature draft saved to {out}")
+
+
 def cmd_acceptance(args):
     import specdec_lab as sl
     from .acceptance import acceptance_report
@@ -131,6 +139,9 @@ def add_bench_parser(sub):
     b.add_argument("--target", help="hub id or folder of the target (default: SmolLM2-135M-Instruct)")
     b.add_argument("--draft", "--draft-dir", dest="draft",
                    help="hub id or Hugging Face folder of the draft (default: the shipped draft)")
+    b.add_argument("--feature-draft", help="folder of a feature draft (feature_draft.py) to run beside the "
+                   "draft (default: the shipped one, for the default target)")
+    b.add_argument("--no-feature-draft", action="store_true", help="skip the feature draft's systems")
     b.add_argument("--device", default="cpu")
     b.add_argument("--dtype", choices=["float32", "bfloat16", "float16"],
                    help="default float32 on CPU, bfloat16 on CUDA")
@@ -187,6 +198,15 @@ def main(argv=None):
     d.add_argument("--init-from", help="start from these weights (a ckpt.pt or a draft folder) with a fresh "
                                        "optimizer and schedule: a second phase on more data")
     d.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (default 3e-3)")
+    f = sub.add_parser("distill-features", help="train a feature draft (EAGLE: it reads the target's hidden "
+                       "states) for the default target; resumable")
+    f.add_argument("--budget", choices=["tiny", "full"], default="full",
+                   help="tiny finishes in a minute (a smoke test); full takes about two hours on 2 CPU cores")
+    f.add_argument("--out", help="output folder (default: specdec_lab/feature_draft_smollm2 for full)")
+    f.add_argument("--work-dir", help="the target's answers and states (default: in the cache)")
+    f.add_argument("--data-minutes", type=float, help="stop generating data after this long, then train")
+    f.add_argument("--steps", type=int, help="override the budget's optimizer steps")
+    f.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (default 3e-3)")
     a = sub.add_parser("acceptance", help="alpha, tokens per step at K = 1..8, and c on held-out prompts")
     a.add_argument("--num-prompts", type=int, default=12)
     a.add_argument("--max-new-tokens", type=int, default=64)
@@ -199,7 +219,7 @@ def main(argv=None):
         print("error: prompt must not be empty", file=sys.stderr)
         return 2
     try:
-        {"fetch": cmd_fetch, "generate": cmd_generate, "distill": cmd_distill,
+        {"fetch": cmd_fetch, "generate": cmd_generate, "distill": cmd_distill, "distill-features": cmd_distill_features,
          "acceptance": cmd_acceptance, "bench": cmd_bench}[args.cmd](args)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -58,6 +58,7 @@ from .acceptance import Clock, StepCosts, measure_step_costs  # noqa: F401 (benc
 from .adaptive import CostAwareController, optimal_k
 from .config import ModelConfig
 from .drafters import LookupThenModelDrafter, ModelDrafter
+from .feature_draft import FeatureDrafter
 from .engine import SpeculativeEngine, autoregressive_generate
 from .prompts import BENCH_KINDS, BENCH_PROMPTS
 from .roofline import expected_speedup, expected_tokens_per_step
@@ -227,6 +228,7 @@ class System:
     own: bool = True  # this engine (has step statistics) or transformers
     drafts: bool = False
     k_max: int | None = None  # a ceiling on K that the drafter may stop short of (no prediction then)
+    theorem: bool = True  # Theorem 3.8 with the shipped draft's alpha and c applies (not to the feature draft)
 
 
 # The two drafting refinements the bench runs beside fixed and adaptive K (drafters.py): the
@@ -235,12 +237,18 @@ class System:
 # that followed them, the stopping draft proposing everywhere else.
 STOP_K, STOP_BELOW = 6, 0.2
 
+# The feature draft (feature_draft.py, EAGLE) runs at these fixed K, and with early stopping
+# under FEATURE_STOP_K as a ceiling. Its acceptance falls with depth (each drafted token reads
+# the draft's own estimate of the state before it), so Theorem 3.8's one alpha does not describe it.
+FEATURE_KS, FEATURE_STOP_K = (3, 4, 5), 8
+
 
 def make_systems(target, draft, ks, adaptive=True, hf_target=None, hf_draft=None, fixed_c=None,
-                 verify_cost=None, refinements=True) -> list:
+                 verify_cost=None, refinements=True, feature_draft=None) -> list:
     """The systems in their table order. `fixed_c` pins the adaptive controller's c (CUDA);
     `verify_cost` ({K: cost of a K+1-token forward over a one-token one}) is what it assumes
-    a verification costs. `refinements` adds the early-stopping draft and lookup + draft."""
+    a verification costs. `refinements` adds the early-stopping draft and lookup + draft;
+    `feature_draft` (a feature_draft.FeatureDraft) its systems at FEATURE_KS and with early stopping."""
     eos = target.cfg.eos_token_ids
 
     def ar(ids, n, temperature, seed):
@@ -275,6 +283,20 @@ def make_systems(target, draft, ks, adaptive=True, hf_target=None, hf_draft=None
                 res = engine_r.generate(ids, max_new_tokens=n, temperature=temperature, seed=seed)
                 return res.tokens, res
             systems.append(System(name, label, spec_refined, drafts=True, k_max=STOP_K))
+    if feature_draft is not None:
+        capacity = min(2048, target.cfg.max_seq_len)
+        feature = [(f"spec_feat_k{k}", f"feature draft, K={k}", FeatureDrafter(feature_draft, capacity), k, None)
+                   for k in FEATURE_KS]
+        feature.append(("spec_feat_stop", f"feature draft, K<={FEATURE_STOP_K}, stop at q<{STOP_BELOW:g}",
+                        FeatureDrafter(feature_draft, capacity, stop_below=STOP_BELOW), FEATURE_STOP_K,
+                        FEATURE_STOP_K))
+        for name, label, drafter, k, k_max in feature:
+            engine_f = SpeculativeEngine(target, drafter, k=k)
+
+            def spec_feature(ids, n, temperature, seed, engine_f=engine_f):
+                res = engine_f.generate(ids, max_new_tokens=n, temperature=temperature, seed=seed)
+                return res.tokens, res
+            systems.append(System(name, label, spec_feature, k=k, drafts=True, k_max=k_max, theorem=False))
     if hf_target is not None:
         from .weights import hf_generate
 
@@ -437,6 +459,8 @@ def summarize_system(s: System, t: Tally, tallies: dict, alpha: float, costs: St
     if s.k_max is not None:  # K varies within a step's drafting: Theorem 3.8 has no single K to use
         out["k"] = f"<={s.k_max}"
         return out
+    if not s.theorem:
+        return out
     k_pred = s.k if s.k is not None else optimal_k(alpha, costs.c, 1, max(ks or (8,)))
     v = costs.verify_cost(k_pred) if k_pred in costs.verify else None
     predicted = predicted_speedup(alpha, k_pred, costs.c)
@@ -513,7 +537,7 @@ def _targets(results, roofline) -> dict:
     return out
 
 
-def run_bench(target, draft, cfg: BenchConfig, hf_target=None, hf_draft=None, log=None) -> dict:
+def run_bench(target, draft, cfg: BenchConfig, hf_target=None, hf_draft=None, log=None, feature_draft=None) -> dict:
     """Every system on every prompt at every temperature; returns the JSON document."""
     device = target.device
     clock = Clock(device)
@@ -528,7 +552,7 @@ def run_bench(target, draft, cfg: BenchConfig, hf_target=None, hf_draft=None, lo
     fixed_c = costs.c if device.type == "cuda" else None  # host clocks misplace GPU time (adaptive.py)
     systems = make_systems(target, draft, cfg.ks, cfg.adaptive, hf_target if cfg.hf else None,
                            hf_draft if cfg.hf else None, fixed_c,
-                           {k: costs.verify_cost(k) for k in costs.verify}, cfg.refinements)
+                           {k: costs.verify_cost(k) for k in costs.verify}, cfg.refinements, feature_draft)
     results, ar_all = [], Tally()
     for temperature in cfg.temperatures:
         tallies = run_systems(systems, prompt_ids, cfg, temperature, clock, log, probe)
@@ -553,7 +577,8 @@ def run_bench(target, draft, cfg: BenchConfig, hf_target=None, hf_draft=None, lo
         "config": asdict(cfg),
         "machine": {"device": str(device), "device_name": _device_name(device),
                     "threads": torch.get_num_threads(), "dtype": str(target.dtype).replace("torch.", "")},
-        "models": {"target": _model_info(target), "draft": _model_info(draft)},
+        "models": {"target": _model_info(target), "draft": _model_info(draft),
+                   "feature_draft": None if feature_draft is None else _feature_draft_info(feature_draft)},
         "costs": {"context": costs.context, "target_forward_seconds": costs.target_forward,
                   "draft_forward_seconds": costs.draft_forward, "c": costs.c,
                   "verify_seconds": costs.verify, "verify_cost": {k: costs.verify_cost(k) for k in costs.verify}},
@@ -567,6 +592,11 @@ def _model_info(m) -> dict:
     return {"params": m.cfg.num_params, "layers": m.cfg.n_layers, "dim": m.cfg.dim, "vocab": m.cfg.vocab_size,
             "head_columns": m.head.weight.shape[1],  # fewer than vocab: a VocabSubsetHead
             "dtype": str(m.dtype).replace("torch.", "")}
+
+
+def _feature_draft_info(m) -> dict:
+    return {"params": sum(v.numel() for v in m.own_state_dict().values()), "layers": m.cfg.n_layers,
+            "dim": m.cfg.dim, "head_columns": len(m.body.head.ids), "dtype": str(m.dtype).replace("torch.", "")}
 
 
 def _device_name(device) -> str:
@@ -588,9 +618,10 @@ def _f(x, spec):
 
 def format_table(doc) -> str:
     m, c, rf = doc["machine"], doc["costs"], doc["roofline"]
-    mt, md = doc["models"]["target"], doc["models"]["draft"]
+    mt, md, mf = doc["models"]["target"], doc["models"]["draft"], doc["models"].get("feature_draft")
+    feature = f", feature draft {mf['params'] / 1e6:.1f}M" if mf else ""
     rows = [f"{m['device_name']}, {m['threads']} threads, {m['dtype']}; target {mt['params'] / 1e6:.0f}M "
-            f"params, draft {md['params'] / 1e6:.1f}M; {doc['config']['num_prompts']} prompts, "
+            f"params, draft {md['params'] / 1e6:.1f}M{feature}; {doc['config']['num_prompts']} prompts, "
             f"up to {doc['config']['max_new_tokens']} new tokens each",
             f"step costs at {c['context']} cached tokens: target {c['target_forward_seconds'] * 1e3:.2f} ms, "
             f"draft {c['draft_forward_seconds'] * 1e3:.2f} ms, c = {c['c']:.3f}; verify K+1 over 1 token: "
@@ -735,7 +766,8 @@ def run_synthetic(preset, device="cuda", dtype=torch.bfloat16, ks=tuple(range(1,
         "synthetic": preset if isinstance(preset, str) else "custom",
         "machine": {"device": str(device), "device_name": _device_name(device),
                     "dtype": str(dtype).replace("torch.", "")},
-        "models": {"target": _model_info(target), "draft": _model_info(draft)},
+        "models": {"target": _model_info(target), "draft": _model_info(draft),
+                   "feature_draft": None if feature_draft is None else _feature_draft_info(feature_draft)},
         "costs": {"context": costs.context, "target_forward_seconds": costs.target_forward,
                   "draft_forward_seconds": costs.draft_forward, "c": costs.c, "verify_seconds": costs.verify,
                   "verify_cost": {k: costs.verify_cost(k) for k in ks}},
@@ -997,7 +1029,8 @@ def bench_main(args, out=print, err=None):
     else:
         cfg = BenchConfig(**{**(QUICK if args.quick else {}), **_overrides(args)})
         target, draft, hf_target, hf_draft = load_systems_models(args, device, dtype, cfg.hf, err)
-        doc = run_bench(target, draft, cfg, hf_target, hf_draft, log=err)
+        doc = run_bench(target, draft, cfg, hf_target, hf_draft, log=err,
+                        feature_draft=load_bench_feature_draft(args, target, err))
         if device.type == "cuda":
             doc["gpu"] = cuda_syncs_per_step(target, draft, encode_prompt(target.tokenizer, BENCH_PROMPTS[0]))
         text = format_table(doc)
@@ -1050,6 +1083,21 @@ def load_systems_models(args, device, dtype, with_hf, log):
         hf_target = load_hf_model(target_src, dtype=dtype)[0].to(device)
         hf_draft = load_hf_causal_lm(draft_src, device=device, dtype=dtype)
     return target, draft, hf_target, hf_draft
+
+
+def load_bench_feature_draft(args, target, log):
+    """The feature draft the bench runs: --feature-draft FOLDER, else the shipped one for the
+    default target; None with --no-feature-draft, or for another target without a folder given."""
+    from .feature_draft import default_feature_draft_dir, load_feature_draft
+    if getattr(args, "no_feature_draft", False):
+        return None
+    folder = getattr(args, "feature_draft", None)
+    if folder is None:
+        if args.target or not (default_feature_draft_dir() / "model.safetensors").exists():
+            return None
+        folder = default_feature_draft_dir()
+    log(f"loading feature draft {folder} ...")
+    return load_feature_draft(target, folder)
 
 
 def _is_hf_folder(source) -> bool:

@@ -38,8 +38,10 @@ def _prefill_mask(pad: torch.Tensor, n: int) -> torch.Tensor:
 
 @torch.no_grad()
 def sample_batch(model, prompts: list[list[int]], max_new_tokens: int, temperature: float,
-                 generator: torch.Generator, top_k_store: int = 64):
-    """Answer a batch of prompts; returns per prompt (answer ids, top-k ids, top-k log-probs)."""
+                 generator: torch.Generator, top_k_store: int = 64, keep_hidden: bool = False):
+    """Answer a batch of prompts; returns per prompt (answer ids, top-k ids, top-k log-probs), and
+    with keep_hidden a fourth item: the target's final hidden states (prompt + answer - 1, dim) in
+    float16, at every position it read (feature_draft.py trains on them)."""
     B, n = len(prompts), max(len(p) for p in prompts)
     eos = torch.tensor(model.cfg.eos_token_ids)
     pad = torch.tensor([n - len(p) for p in prompts])
@@ -47,7 +49,9 @@ def sample_batch(model, prompts: list[list[int]], max_new_tokens: int, temperatu
     for b, p in enumerate(prompts):
         tokens[b, n - len(p):] = torch.tensor(p)
     cache = KVCache.for_model(model.cfg, n + max_new_tokens, batch_size=B, dtype=model.dtype)
-    logits = model(tokens, cache=cache, mask=_prefill_mask(pad, n), last_only=True)[:, -1]  # (B, V)
+    h = model.hidden(tokens, cache=cache, mask=_prefill_mask(pad, n))  # (B, n, dim)
+    logits = model.head(h[:, -1]).float()  # (B, V)
+    hidden = [h.half()] if keep_hidden else None
     out, top_ids, top_lp = [], [], []
     done = torch.zeros(B, dtype=torch.bool)
     for _ in range(max_new_tokens):
@@ -62,20 +66,29 @@ def sample_batch(model, prompts: list[list[int]], max_new_tokens: int, temperatu
             break
         col = torch.arange(cache.length + 1)
         mask = torch.zeros(B, 1, 1, cache.length + 1).masked_fill(col < pad.view(-1, 1, 1, 1), float("-inf"))
-        logits = model(nxt[:, None], cache=cache, mask=mask)[:, -1]
+        h = model.hidden(nxt[:, None], cache=cache, mask=mask)  # (B, 1, dim)
+        logits = model.head(h[:, -1]).float()
+        if keep_hidden:
+            hidden.append(h.half())
     out, top_ids, top_lp = torch.stack(out, 1), torch.stack(top_ids, 1), torch.stack(top_lp, 1)
+    hidden = torch.cat(hidden, 1) if keep_hidden else None  # (B, n + steps - 1, dim)
     results = []
     for b in range(B):
         ids = out[b].tolist()
         stop = next((i + 1 for i, t in enumerate(ids) if t in model.cfg.eos_token_ids), len(ids))
-        results.append((out[b, :stop].clone(), top_ids[b, :stop].clone(), top_lp[b, :stop].clone()))
+        res = (out[b, :stop].clone(), top_ids[b, :stop].clone(), top_lp[b, :stop].clone())
+        if keep_hidden:  # the prompt's positions (without left padding) and the answer's but the last
+            res += (hidden[b, int(pad[b]):n + stop - 1].clone(),)
+        results.append(res)
     return results
 
 
 def generate_data(target, tokenizer, out_dir, rounds=(0.7, 0.0, 1.0), batch_size=16,
-                  max_new_tokens=256, top_k_store=64, seed=0, prompts=None, progress=True, max_minutes=None):
+                  max_new_tokens=256, top_k_store=64, seed=0, prompts=None, progress=True, max_minutes=None,
+                  keep_hidden=False):
     """Write shards round{r}_{i}.pt under out_dir. Each round answers every prompt once at its temperature.
-    With max_minutes, stop starting new batches after that long (a rerun resumes where it stopped)."""
+    With max_minutes, stop starting new batches after that long (a rerun resumes where it stopped).
+    keep_hidden also stores the target's hidden states (sample_batch) under "hidden"."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     prompts = prompts if prompts is not None else distill_prompts()
@@ -95,14 +108,16 @@ def generate_data(target, tokenizer, out_dir, rounds=(0.7, 0.0, 1.0), batch_size
             if max_minutes is not None and time.time() - t0 > 60 * max_minutes:
                 bar.close()
                 return out_dir
-            res = sample_batch(target, [encoded[j] for j in idx], max_new_tokens, temp, g, top_k_store)
+            res = sample_batch(target, [encoded[j] for j in idx], max_new_tokens, temp, g, top_k_store, keep_hidden)
             shard = {"prompt_index": idx, "temperature": temp,
                      "prompt_ids": [torch.tensor(encoded[j], dtype=torch.int32) for j in idx],
-                     "answer_ids": [a.to(torch.int32) for a, _, _ in res],
-                     "top_ids": [t for _, t, _ in res], "top_logprobs": [l for _, _, l in res]}
+                     "answer_ids": [r[0].to(torch.int32) for r in res],
+                     "top_ids": [r[1] for r in res], "top_logprobs": [r[2] for r in res]}
+            if keep_hidden:
+                shard["hidden"] = [r[3] for r in res]
             torch.save(shard, str(path) + ".partial")
             Path(str(path) + ".partial").replace(path)
-            n_tokens += sum(len(a) for a, _, _ in res)
+            n_tokens += sum(len(r[0]) for r in res)
             bar.update(1)
             bar.set_postfix(round=r, temp=temp, tok_s=f"{n_tokens / (time.time() - t0):.0f}")
     bar.close()

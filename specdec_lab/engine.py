@@ -20,6 +20,7 @@ import torch
 from .config import MAX_K, SamplingConfig
 from .kv_cache import KVCache
 from .drafters import ModelDrafter
+from .feature_draft import FeatureDraft, FeatureDrafter
 from .metrics import RunStats, StepRecord
 from .sampling import check_sampling_args, exponential_noise, logits_to_probs, make_generator, sample
 from .text import encode_prompt
@@ -136,7 +137,15 @@ class SpeculativeEngine:
         factory = self._cache_factory(cache, block_size)
         self.cache_kind, self.block_size = cache, block_size
         self.cache = factory(target.cfg, self.max_seq_len, dtype=target.dtype, device=target.device)
-        self.drafter = ModelDrafter(draft, self.max_seq_len, factory) if hasattr(draft, "cfg") else draft
+        if isinstance(draft, FeatureDraft) and draft.cfg.dim != target.cfg.dim:
+            raise ValueError(f"the feature draft reads states of width {draft.cfg.dim}; the target's are "
+                             f"{target.cfg.dim}: build the draft for this target")
+        if isinstance(draft, FeatureDraft):
+            self.drafter = FeatureDrafter(draft, self.max_seq_len, factory)
+        else:
+            self.drafter = ModelDrafter(draft, self.max_seq_len, factory) if hasattr(draft, "cfg") else draft
+        # A drafter that reads the target's hidden states (feature_draft.py) gets them from every target forward.
+        self.hidden_to_drafter = getattr(self.drafter, "reads_target_hidden", False)
         self.controller = None  # an adaptive-K controller (adaptive.py) may be set here
 
     @staticmethod
@@ -167,9 +176,13 @@ class SpeculativeEngine:
 
         t0 = time.perf_counter()
         self.cache.reset()
-        if len(ids) > 1:
-            self.target(torch.tensor([ids[:-1]], device=device), cache=self.cache, last_only=True)
-        self.drafter.prefill(ids)
+        if self.hidden_to_drafter:
+            x = torch.tensor([ids[:-1]], device=device)
+            self.drafter.prefill(ids, self.target.hidden(x, cache=self.cache)[0] if len(ids) > 1 else None)
+        else:
+            if len(ids) > 1:
+                self.target(torch.tensor([ids[:-1]], device=device), cache=self.cache, last_only=True)
+            self.drafter.prefill(ids)
         stats.prefill_seconds = time.perf_counter() - t0
 
         if self.controller is not None:
@@ -205,7 +218,11 @@ class SpeculativeEngine:
         t1 = time.perf_counter()
         x = torch.cat([torch.tensor([c], device=device), draft_ids]).view(1, k + 1)  # (1, K+1)
         base = self.cache.length
-        logits = self.target(x, cache=self.cache)[0]  # (K+1, V)
+        if self.hidden_to_drafter:
+            hidden = self.target.hidden(x, cache=self.cache)[0]  # (K+1, dim)
+            logits = self.target.head(hidden).float()  # (K+1, V)
+        else:
+            logits = self.target(x, cache=self.cache)[0]  # (K+1, V)
         greedy = sampling.greedy
         if greedy:  # only argmaxes matter, and nothing is random
             p, q_full, u, e = logits, None, torch.zeros(k, device=device), None
@@ -231,7 +248,10 @@ class SpeculativeEngine:
         n, nxt = int(host[0]), int(host[1])
         drafted = [int(t) for t in host[2:2 + k]]
         self.cache.rollback(base + 1 + n)  # keep c, d_1..d_n
-        self.drafter.commit(k, drafted, n, nxt)
+        if self.hidden_to_drafter:
+            self.drafter.commit(k, drafted, n, nxt, hidden)
+        else:
+            self.drafter.commit(k, drafted, n, nxt)
         t2 = time.perf_counter()
         syncs = 1 + loop_syncs["count"]
         return StepRecord(step_index, k, drafted, n, nxt, host[2 + k:2 + 2 * k], host[2 + 2 * k:2 + 3 * k],

@@ -314,8 +314,9 @@ class Transformer(nn.Module):
             x = x[:, -1:]  # (B, 1, dim)
         return self.head(x).float()  # (B, T, V)
 
-    def hidden(self, tokens, input_pos=None, cache=None, mask=None):
-        """The final normalised hidden states (B, T, dim), before the output head."""
+    def hidden(self, tokens, input_pos=None, cache=None, mask=None, embeds=None):
+        """The final normalised hidden states (B, T, dim), before the output head.
+        `embeds` (B, T, dim) replaces the token embeddings (feature_draft.py builds its own)."""
         B, T = tokens.shape
         start = cache.length if cache is not None else 0
         if input_pos is None:
@@ -327,7 +328,7 @@ class Transformer(nn.Module):
         cos, sin = self.rope_cos[input_pos].to(self.dtype), self.rope_sin[input_pos].to(self.dtype)  # (T, D)
         half = sin.shape[-1] // 2
         cos, sin = cos[:, None], torch.cat([-sin[:, :half], sin[:, half:]], -1)[:, None]  # (T, 1, D): see apply_rope_signed
-        x = self.embed_tokens(tokens)  # (B, T, dim)
+        x = self.embed_tokens(tokens) if embeds is None else embeds  # (B, T, dim)
         for i, block in enumerate(self.layers):
             x = block(x, cos, sin, i, cache, mask)
         if cache is not None:

@@ -12,6 +12,7 @@ import torch
 from specdec_lab import bench
 from specdec_lab import model as model_module
 from specdec_lab.config import ModelConfig
+from specdec_lab.feature_draft import FeatureDraft
 from specdec_lab.pair import tiny_model
 from specdec_lab.roofline import expected_speedup
 
@@ -198,12 +199,15 @@ def quick_doc(default_target, hf_target, stand_in_draft_dir):
         draft = bench.load_draft(stand_in_draft_dir)
         cfg = bench.BenchConfig(num_prompts=2, max_new_tokens=8, temperatures=(0.0, 0.7), ks=(2,),
                                 cost_reps=3, warmup_tokens=2, quick=True, samples=2)
-        return bench.run_bench(default_target, draft, cfg, hf_target, load_hf_causal_lm(stand_in_draft_dir))
+        feature = FeatureDraft(default_target, vocab_ids=range(4096)).eval().requires_grad_(False)  # random
+        return bench.run_bench(default_target, draft, cfg, hf_target, load_hf_causal_lm(stand_in_draft_dir),
+                               feature_draft=feature)
     finally:
         torch.set_num_threads(threads)
 
 
-EXPECTED = ["ar", "spec_k2", "spec_adaptive", "spec_stop", "spec_lookup", "hf_generate", "hf_assisted"]
+FEATURE = [f"spec_feat_k{k}" for k in bench.FEATURE_KS] + ["spec_feat_stop"]
+EXPECTED = ["ar", "spec_k2", "spec_adaptive", "spec_stop", "spec_lookup", *FEATURE, "hf_generate", "hf_assisted"]
 
 
 @pytest.mark.slow
@@ -263,6 +267,10 @@ def test_variable_k_systems_carry_no_prediction_and_the_error_target_names_its_s
             s = r["systems"][name]
             assert s["k"] == f"<={bench.STOP_K}" and 0 < s["mean_k"] <= bench.STOP_K
             assert "predicted_speedup" not in s and s["measured_speedup"] == s["vs_ar"]
+        for name in FEATURE:  # the feature draft's acceptance falls with depth: no one alpha to predict with
+            s = r["systems"][name]
+            assert "predicted_speedup" not in s and s["measured_speedup"] == s["vs_ar"] and s["alpha"] is not None
+        assert r["systems"]["spec_feat_stop"]["k"] == f"<={bench.FEATURE_STOP_K}"
         t = quick_doc["targets"]
         assert t[f"{tag}_prediction_error_of"] in ("spec_k2", "spec_adaptive")
         assert t[f"{tag}_prediction_error"]["value"] == pytest.approx(
@@ -328,7 +336,7 @@ def test_cli_prints_a_table_then_one_json_document_as_the_last_line(stand_in_dra
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
     proc = subprocess.run([sys.executable, "-m", "specdec_lab", "bench", "--quick", "--no-hf", "--prompts", "1",
                            "--max-new-tokens", "4", "--ks", "2", "--temperatures", "0", "--threads", "1",
-                           "--draft-dir", str(stand_in_draft_dir)],
+                           "--draft-dir", str(stand_in_draft_dir), "--no-feature-draft"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     lines = proc.stdout.strip().splitlines()
