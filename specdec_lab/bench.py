@@ -290,6 +290,9 @@ def make_systems(target, draft, ks, adaptive=True, hf_target=None, hf_draft=None
         feature.append(("spec_feat_stop", f"feature draft, K<={FEATURE_STOP_K}, stop at q<{STOP_BELOW:g}",
                         FeatureDrafter(feature_draft, capacity, stop_below=STOP_BELOW), FEATURE_STOP_K,
                         FEATURE_STOP_K))
+        feature.append(("spec_feat_lookup", "feature draft, lookup + stop",
+                        LookupThenModelDrafter(feature_draft, capacity, stop_below=STOP_BELOW), FEATURE_STOP_K,
+                        FEATURE_STOP_K))
         for name, label, drafter, k, k_max in feature:
             engine_f = SpeculativeEngine(target, drafter, k=k)
 

@@ -91,6 +91,10 @@ class ModelDrafter:
         q = torch.stack(qs) if qs else None
         return draft_ids, q
 
+    def queue(self, tokens):
+        """Committed tokens that someone else proposed: fed with the next proposal."""
+        self.pending = self.pending + list(tokens)
+
     def commit(self, k, drafted, num_accepted, next_token):
         # The cache now holds pending + d_1..d_{k-1}; keep pending + d_1..d_n.
         base = self.cache.length - (k - 1) if k > 0 else self.cache.length
@@ -193,11 +197,15 @@ class LookupThenModelDrafter:
     token: the n-gram index at once, the model's cache through its `pending` tokens,
     fed in one forward when the model next drafts. Lookup proposals are one-hot (q
     None), so verification stays lossless at any temperature. `stop_below` is the model
-    drafter's early stop (ModelDrafter).
+    drafter's early stop (ModelDrafter). `draft` may be a feature draft
+    (feature_draft.FeatureDraft): its drafter then receives the target's hidden states too.
     """
 
     def __init__(self, draft, capacity=2048, min_match=2, max_ngram=4, stop_below=None):
-        self.model = ModelDrafter(draft, capacity, stop_below=stop_below)  # checks stop_below
+        from .feature_draft import FeatureDraft, FeatureDrafter
+        inner = FeatureDrafter if isinstance(draft, FeatureDraft) else ModelDrafter
+        self.model = inner(draft, capacity, stop_below=stop_below)  # checks stop_below
+        self.reads_target_hidden = getattr(self.model, "reads_target_hidden", False)
         self.lookup = NGramDrafter(max_ngram=max_ngram, min_ngram=min_match, device=self.model.model.device)
         self.source = None  # who proposed the current step: "lookup" or "model"
         self.lookup_steps = self.model_steps = 0
@@ -207,8 +215,8 @@ class LookupThenModelDrafter:
         self.lookup.reset()
         self.source = None
 
-    def prefill(self, prompt_ids):
-        self.model.prefill(prompt_ids)
+    def prefill(self, prompt_ids, *states):  # states: the target's, for a feature draft
+        self.model.prefill(prompt_ids, *states)
         self.lookup.prefill(prompt_ids)
         self.source = None
 
@@ -220,10 +228,10 @@ class LookupThenModelDrafter:
         self.source, self.model_steps = "model", self.model_steps + 1
         return self.model.propose(k, sampling, generator)
 
-    def commit(self, k, drafted, num_accepted, next_token):
+    def commit(self, k, drafted, num_accepted, next_token, *hidden):
         self.lookup.commit(k, drafted, num_accepted, next_token)
         if self.source == "model":
-            self.model.commit(k, drafted, num_accepted, next_token)
+            self.model.commit(k, drafted, num_accepted, next_token, *hidden)
         else:  # a copied step, or one with nothing drafted: the model saw none of it; queue it
-            self.model.pending = self.model.pending + list(drafted[:num_accepted]) + [next_token]
+            self.model.queue(list(drafted[:num_accepted]) + [next_token], *hidden)
         self.source = None

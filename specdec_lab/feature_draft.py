@@ -133,6 +133,12 @@ class FeatureDrafter:
             tok, feat = d.view(1, 1), h[:, -1:]  # the next entry reads the draft's own estimate
         return torch.stack(ids), (torch.stack(qs) if qs else None)
 
+    def queue(self, tokens, hidden):
+        """Committed tokens that someone else proposed (prompt lookup), with the target's states
+        from the forward that verified them (hidden[i] predicted tokens[i]): fed with the next proposal."""
+        self.pending_tokens = self.pending_tokens + list(tokens)
+        self.pending_feats = self.pending_feats + list(hidden[:len(tokens)])
+
     def commit(self, k, drafted, num_accepted, next_token, hidden):
         """Keep the entries of the old pending tokens (true states); drop those of d_1..d_{k-1}
         (estimated states); pend d_1..d_n and the next token with the target's true states."""
@@ -213,7 +219,8 @@ def train_feature_draft(model, train, held, steps=600, lr=2e-3, max_tokens=4096,
     """AdamW with warm-up and cosine decay over `steps`; returns (model, curve), curve a list of
     (step, held-out agreement at depth 1, at depth 2). `train` is a list of examples or a function
     returning the current list, called again at every epoch (answers still being generated join as
-    they land). `save_to`: a folder the draft is saved to at every evaluation."""
+    they land). `save_to`: a folder the draft is saved to whenever held-out agreement at depth 1
+    is the best so far."""
     from .distill import make_batches
     V = model.cfg.vocab_size
     subset_pos = torch.full((V,), -1, dtype=torch.long)
@@ -255,8 +262,8 @@ def train_feature_draft(model, train, held, steps=600, lr=2e-3, max_tokens=4096,
             curve.append((step, *[s / max(count, 1) for s in sums]))
             if log:
                 log(step, loss.item(), curve[-1])
-            if save_to is not None:
-                save_feature_draft(model, save_to)
+            if save_to is not None and curve[-1][1] >= max(c[1] for c in curve):
+                save_feature_draft(model, save_to)  # the best held-out agreement so far
         bar.set_postfix(loss=f"{loss.item():.3f}", agree=" ".join(f"{a:.2f}" for a in agree))
         bar.update(1)
         if last:

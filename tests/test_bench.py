@@ -206,7 +206,7 @@ def quick_doc(default_target, hf_target, stand_in_draft_dir):
         torch.set_num_threads(threads)
 
 
-FEATURE = [f"spec_feat_k{k}" for k in bench.FEATURE_KS] + ["spec_feat_stop"]
+FEATURE = [f"spec_feat_k{k}" for k in bench.FEATURE_KS] + ["spec_feat_stop", "spec_feat_lookup"]
 EXPECTED = ["ar", "spec_k2", "spec_adaptive", "spec_stop", "spec_lookup", *FEATURE, "hf_generate", "hf_assisted"]
 
 
@@ -270,7 +270,8 @@ def test_variable_k_systems_carry_no_prediction_and_the_error_target_names_its_s
         for name in FEATURE:  # the feature draft's acceptance falls with depth: no one alpha to predict with
             s = r["systems"][name]
             assert "predicted_speedup" not in s and s["measured_speedup"] == s["vs_ar"] and s["alpha"] is not None
-        assert r["systems"]["spec_feat_stop"]["k"] == f"<={bench.FEATURE_STOP_K}"
+        assert r["systems"]["spec_feat_stop"]["k"] == r["systems"]["spec_feat_lookup"]["k"] == \
+            f"<={bench.FEATURE_STOP_K}"
         t = quick_doc["targets"]
         assert t[f"{tag}_prediction_error_of"] in ("spec_k2", "spec_adaptive")
         assert t[f"{tag}_prediction_error"]["value"] == pytest.approx(

@@ -164,3 +164,19 @@ def test_distill_features_tiny_budget_runs_end_to_end(tmp_path, default_target):
     prompt = "Name three primary colours."
     base = sl.autoregressive_generate(default_target, prompt, max_new_tokens=12).tokens
     assert sl.SpeculativeEngine(default_target, fd, k=3).generate(prompt, max_new_tokens=12).tokens == base
+
+
+def test_lookup_then_feature_draft_is_lossless_and_keeps_the_cache_whole(target, fdraft):
+    drafter = sl.LookupThenModelDrafter(fdraft, 512, stop_below=0.2)
+    assert isinstance(drafter.model, FeatureDrafter) and drafter.reads_target_hidden
+    engine = sl.SpeculativeEngine(target, drafter, k=4)
+    prompt = [3, 4, 5, 6, 3, 4, 5, 6, 3, 4]  # repeats itself: lookup proposes
+
+    def check(rec, out):
+        m = drafter.model
+        assert m.cache.length + len(m.pending_tokens) == len(prompt) + len(out) - 1
+        assert len(m.pending_tokens) == len(m.pending_feats)
+
+    res = engine.generate(prompt, max_new_tokens=30, on_step=check)
+    assert res.tokens == sl.autoregressive_generate(target, prompt, max_new_tokens=30).tokens
+    assert drafter.lookup_steps > 0 and drafter.model_steps > 0
