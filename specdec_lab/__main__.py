@@ -140,7 +140,7 @@ def add_bench_parser(sub):
     b.add_argument("--draft", "--draft-dir", dest="draft",
                    help="hub id or Hugging Face folder of the draft (default: the shipped draft)")
     b.add_argument("--feature-draft", help="folder of a feature draft (feature_draft.py) to run beside the "
-                   "draft (default: the shipped one, for the default target)")
+                   "draft (default: distill-features' output, where it exists, for the default target)")
     b.add_argument("--no-feature-draft", action="store_true", help="skip the feature draft's systems")
     b.add_argument("--device", default="cpu")
     b.add_argument("--dtype", choices=["float32", "bfloat16", "float16"],
@@ -202,7 +202,7 @@ def main(argv=None):
                        "states) for the default target; resumable")
     f.add_argument("--budget", choices=["tiny", "full"], default="full",
                    help="tiny finishes in a minute (a smoke test); full takes about two hours on 2 CPU cores")
-    f.add_argument("--out", help="output folder (default: specdec_lab/feature_draft_smollm2 for full)")
+    f.add_argument("--out", help="output folder (default: feature_draft_smollm2 in the cache for full)")
     f.add_argument("--work-dir", help="the target's answers and states (default: in the cache)")
     f.add_argument("--data-minutes", type=float, help="stop generating data after this long, then train")
     f.add_argument("--steps", type=int, help="override the budget's optimizer steps")

@@ -1089,8 +1089,8 @@ def load_systems_models(args, device, dtype, with_hf, log):
 
 
 def load_bench_feature_draft(args, target, log):
-    """The feature draft the bench runs: --feature-draft FOLDER, else the shipped one for the
-    default target; None with --no-feature-draft, or for another target without a folder given."""
+    """The feature draft the bench runs: --feature-draft FOLDER, else distill-features' output for
+    the default target where it exists; None with --no-feature-draft, or for another target."""
     from .feature_draft import default_feature_draft_dir, load_feature_draft
     if getattr(args, "no_feature_draft", False):
         return None

@@ -137,8 +137,8 @@ class SpeculativeEngine:
         factory = self._cache_factory(cache, block_size)
         self.cache_kind, self.block_size = cache, block_size
         self.cache = factory(target.cfg, self.max_seq_len, dtype=target.dtype, device=target.device)
-        if isinstance(draft, FeatureDraft) and draft.cfg.dim != target.cfg.dim:
-            raise ValueError(f"the feature draft reads states of width {draft.cfg.dim}; the target's are "
+        if isinstance(draft, FeatureDraft) and draft.state_width != target.cfg.dim:
+            raise ValueError(f"the feature draft reads states of width {draft.state_width}; the target's are "
                              f"{target.cfg.dim}: build the draft for this target")
         if isinstance(draft, FeatureDraft):
             self.drafter = FeatureDrafter(draft, self.max_seq_len, factory)

@@ -59,6 +59,11 @@ class FeatureDraft(nn.Module):
         return self.fc.weight.device
 
     @property
+    def state_width(self):
+        """The width of the target states it reads."""
+        return self.fc.weight.shape[0] - self.cfg.dim
+
+    @property
     def dtype(self):
         return self.fc.weight.dtype
 
@@ -195,20 +200,25 @@ def collate_entries(examples, idx, subset_pos):
     return tok, feat, tgt_pos, tgt_lp, weight
 
 
-def feature_draft_loss(model, tok, feat, tgt_pos, tgt_lp, weight, unroll=2):
+def feature_draft_loss(model, tok, feat, tgt_pos, tgt_lp, weight, unroll=2, cls_weight=0.1):
     """Cross-entropy from the target's stored top-k (within the head's subset, renormalised) to
     the draft, at answer positions; `unroll` passes, pass i + 1 reading pass i's estimates as its
-    states (as drafting does from its second token on). Returns (loss, [agreement per pass])."""
+    states (as drafting does from its second token on). The estimates also regress on the target's
+    states (smooth L1, at every position with a next state, prompts included), with the
+    cross-entropy weighted by cls_weight, as in EAGLE. Returns (loss, [agreement per pass])."""
     W = model.body.head.proj.weight  # (dim, S), frozen: a plain product keeps the gradient to h
     keep = weight > 0
     inside = tgt_pos[keep] >= 0  # (M, k)
     p = torch.where(inside, tgt_lp[keep], -1e4).softmax(-1)  # the target's top-k within the subset
     top_in = inside[:, 0]  # the target's choice is in the subset: the draft can agree with it
     loss, agree, states = 0.0, [], feat.float()
+    has_next = feat[:, 1:].abs().amax(-1) > 0  # (B, N - 1): padded entries have all-zero states
     for _ in range(unroll):
         h = model.body.hidden(tok, embeds=model.inputs(tok, states))  # (B, N, dim)
         logq = (h[keep] @ W).log_softmax(-1)  # (M, S)
-        loss = loss - (p * logq.gather(-1, tgt_pos[keep].clamp_min(0))).sum(-1).mean()
+        ce = -(p * logq.gather(-1, tgt_pos[keep].clamp_min(0))).sum(-1).mean()
+        reg = F.smooth_l1_loss(h[:, :-1][has_next], feat[:, 1:][has_next].float())
+        loss = loss + reg + cls_weight * ce
         agree.append(((logq.argmax(-1) == tgt_pos[keep][:, 0]) & top_in).float().mean().item())
         states = torch.cat([states[:, :1], h[:, :-1]], 1)  # entry e now reads the estimate of f_e
     return loss / unroll, agree
@@ -275,8 +285,10 @@ def train_feature_draft(model, train, held, steps=600, lr=2e-3, max_tokens=4096,
 # ----------------------------------------------------------------------------- saving and loading
 
 def default_feature_draft_dir() -> Path:
-    """The shipped feature draft for the default target (SmolLM2-135M-Instruct)."""
-    return Path(__file__).parent / "feature_draft_smollm2"
+    """Where `python -m specdec_lab distill-features` puts the default target's feature draft: in
+    the cache, since none ships with the package (see the module docstring for why)."""
+    from .assets import cache_dir
+    return cache_dir() / "feature_draft_smollm2"
 
 
 def save_feature_draft(model, out_dir, card=None):
@@ -286,7 +298,7 @@ def save_feature_draft(model, out_dir, card=None):
     out.mkdir(parents=True, exist_ok=True)
     save_file({k: v.detach().half().contiguous() for k, v in model.own_state_dict().items()},
               str(out / "model.safetensors"))
-    cfg = {"kind": "specdec_lab feature draft", "n_layers": model.cfg.n_layers, "dim": model.cfg.dim,
+    cfg = {"kind": "specdec_lab feature draft", "n_layers": model.cfg.n_layers, "dim": model.state_width,
            "vocab_ids": model.body.head.ids.tolist()}
     (out / "config.json").write_text(json.dumps(cfg))
     if card is not None:
@@ -294,10 +306,13 @@ def save_feature_draft(model, out_dir, card=None):
     return out
 
 
-def load_feature_draft(target, folder):
-    """A FeatureDraft for `target` from save_feature_draft's folder, in the target's dtype."""
+def load_feature_draft(target, folder=None):
+    """A FeatureDraft for `target` from save_feature_draft's folder
+    (default: distill-features' output for SmolLM2-135M-Instruct), in the target's dtype."""
     from safetensors.torch import load_file
-    folder = Path(folder)
+    folder = Path(folder) if folder is not None else default_feature_draft_dir()
+    if not (folder / "config.json").exists():
+        raise ValueError(f"no feature draft in {folder}: `python -m specdec_lab distill-features` makes one")
     cfg = json.loads((folder / "config.json").read_text())
     if cfg.get("dim") != target.cfg.dim:
         raise ValueError(f"the feature draft in {folder} was made for width {cfg.get('dim')}, "

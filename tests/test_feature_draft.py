@@ -180,3 +180,15 @@ def test_lookup_then_feature_draft_is_lossless_and_keeps_the_cache_whole(target,
     res = engine.generate(prompt, max_new_tokens=30, on_step=check)
     assert res.tokens == sl.autoregressive_generate(target, prompt, max_new_tokens=30).tokens
     assert drafter.lookup_steps > 0 and drafter.model_steps > 0
+
+
+@pytest.mark.parametrize("k,temperature", [(2, 1.0), (3, 0.7)])
+def test_sampling_with_a_feature_draft_is_distributed_as_the_target(k, temperature):
+    # The draft's q is a softmax over a head restricted to 4 of the 6 tokens: the other two are
+    # reached only through the residual max(p - q, 0), and the states it reads are the target's.
+    from test_engine import _tiny_pair, chi_square_pvalue, exact_distribution
+    target, _ = _tiny_pair()
+    fd = FeatureDraft(target, vocab_ids=[0, 2, 3, 5], seed=4).eval().requires_grad_(False)
+    engine = sl.SpeculativeEngine(target, fd, k=k)
+    pvalue = chi_square_pvalue(engine, exact_distribution(target, temperature, 1.0), 2500, temperature, 1.0, k)
+    assert pvalue > 0.001, f"samples with a feature draft are not distributed as the target (p = {pvalue:.2e})"
