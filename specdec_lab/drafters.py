@@ -30,6 +30,16 @@ ONE_CALL = True
 ONE_CALL_UP_TO = 3
 
 
+def draft_token(logits, sampling, generator, need_q=False):
+    """One drafted token from a draft's logits (V,): (token, q). Greedy takes the argmax and has q
+    None unless need_q (the early stop reads it: the softmax at temperature 1); sampling draws
+    from q, the processed distribution that verification divides by."""
+    if sampling.greedy:
+        return logits.argmax(-1), (torch.softmax(logits, -1) if need_q else None)
+    q = logits_to_probs(logits, sampling.temperature, sampling.top_k, sampling.top_p)
+    return sample(q, generator), q
+
+
 class ModelDrafter:
     """A small model drafts d_1..d_k one forward at a time.
 
@@ -75,13 +85,8 @@ class ModelDrafter:
         x = torch.tensor([self.pending], device=device)  # (1, T): 1 or 2 tokens, more after lookup steps
         ids, qs = [], []
         for i in range(k):
-            logits = self._feed(x)  # (V,)
-            if sampling.greedy:
-                d = logits.argmax(-1)
-                q = torch.softmax(logits, -1) if self.stop_below is not None else None
-            else:
-                q = logits_to_probs(logits, sampling.temperature, sampling.top_k, sampling.top_p)
-                d = sample(q, generator)
+            d, q = draft_token(self._feed(x), sampling, generator, self.stop_below is not None)
+            if not sampling.greedy:
                 qs.append(q)
             ids.append(d)
             x = d.view(1, 1)

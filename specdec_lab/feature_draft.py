@@ -32,7 +32,7 @@ from tqdm.auto import tqdm
 
 from .kv_cache import KVCache
 from .model import Linear, RMSNorm, Transformer, VocabSubsetHead, init_weights
-from .sampling import logits_to_probs, sample
+from .drafters import draft_token
 
 
 class FeatureDraft(nn.Module):
@@ -124,13 +124,8 @@ class FeatureDrafter:
         ids, qs = [], []
         for i in range(k):
             h, logits = self.model(tok, feat, cache=self.cache)
-            logits = logits[0, -1]
-            if sampling.greedy:
-                d = logits.argmax(-1)
-                q = torch.softmax(logits, -1) if self.stop_below is not None else None
-            else:
-                q = logits_to_probs(logits, sampling.temperature, sampling.top_k, sampling.top_p)
-                d = sample(q, generator)
+            d, q = draft_token(logits[0, -1], sampling, generator, self.stop_below is not None)
+            if not sampling.greedy:
                 qs.append(q)
             ids.append(d)
             if i + 1 == k or (self.stop_below is not None and float(q[d]) < self.stop_below):

@@ -85,17 +85,8 @@ def test_sample_batch_keeps_the_states_a_teacher_forced_pass_computes(target):
         assert (states.float() - want).abs().max() < 2e-2 * want.abs().max()  # stored in float16
 
 
-def _bigram_target():
-    """A tiny target whose attention output is zeroed: its next token depends on the current one
-    only, which a feature draft can learn in a few hundred steps."""
-    t = sl.tiny_model(0, vocab_size=48, dim=32, n_heads=4, n_kv_heads=2, eos_token_ids=(47,))
-    with torch.no_grad():
-        for block in t.layers:
-            block.attn.wo.weight.zero_()
-    return t
-
-
 def test_training_raises_agreement_and_acceptance(tmp_path):
+    from test_distill import _bigram_target  # next token from the current one: learnable in a few hundred steps
     target = _bigram_target()
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, 40, (int(n),), generator=g).tolist() for n in torch.randint(2, 8, (80,), generator=g)]
