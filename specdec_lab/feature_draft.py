@@ -326,7 +326,7 @@ def load_feature_draft(target, folder=None):
 # its hidden states; every 10th prompt of each set is held out (prompts.is_held_out).
 FEATURE_BUDGETS = {
     "tiny": dict(prompts_per_set=8, temperatures=(0.0,), max_new_tokens=8, steps=5, eval_every=5),
-    "full": dict(prompts_per_set=None, temperatures=(0.0, 0.7), max_new_tokens=128, steps=1200, eval_every=100),
+    "full": dict(prompts_per_set=None, temperatures=(0.0, 0.7), max_new_tokens=64, steps=1000, eval_every=100),
 }
 
 
