@@ -77,9 +77,10 @@ class FeatureDraft(nn.Module):
         e = self.embed_norm(F.embedding(tokens, self.embed_weight))
         return self.fc(torch.cat([e, self.feat_norm(feats.to(e.dtype))], -1))
 
-    def forward(self, tokens, feats, cache=None):
+    def forward(self, tokens, feats, cache=None, last_only=False):
+        """last_only: logits (B, 1, V) for the last entry only; the states stay (B, T, dim)."""
         h = self.body.hidden(tokens, cache=cache, embeds=self.inputs(tokens, feats))  # (B, T, dim)
-        return h, self.body.head(h).float()
+        return h, self.body.head(h[:, -1:] if last_only else h).float()
 
     def own_state_dict(self):
         """The trained parameters only: not the target's head that the model holds."""
@@ -116,7 +117,8 @@ class FeatureDrafter:
         self.reset()
         dev = self.model.device
         if len(prompt_ids) > 2:
-            self.model(torch.tensor([prompt_ids[1:-1]], device=dev), feats[None, :-1], cache=self.cache)
+            self.model(torch.tensor([prompt_ids[1:-1]], device=dev), feats[None, :-1], cache=self.cache,
+                       last_only=True)  # only the cache matters here
         if len(prompt_ids) > 1:
             self.pending_tokens, self.pending_feats = [prompt_ids[-1]], [feats[-1]]
 
@@ -128,7 +130,7 @@ class FeatureDrafter:
         feat = torch.stack(self.pending_feats)[None]  # (1, T, dim)
         ids, qs = [], []
         for i in range(k):
-            h, logits = self.model(tok, feat, cache=self.cache)
+            h, logits = self.model(tok, feat, cache=self.cache, last_only=True)  # pending rows: no head for all
             d, q = draft_token(logits[0, -1], sampling, generator, self.stop_below is not None)
             if not sampling.greedy:
                 qs.append(q)
