@@ -35,8 +35,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from . import kernels
 from .kv_cache import KVCache
-from .model import Linear, RMSNorm, Transformer, VocabSubsetHead, init_weights
+from .model import Linear, OneTokenDecoder, RMSNorm, Transformer, VocabSubsetHead, init_weights
 from .drafters import draft_token
 
 
@@ -89,6 +90,11 @@ class FeatureDraft(nn.Module):
 
 # ----------------------------------------------------------------------------- the drafter
 
+# Draft through model.OneTokenDecoder in half precision where it applies (FeatureDrafter's one_call);
+# set ONE_CALL = False before building a drafter to compare with the eager float32 forward.
+ONE_CALL = True
+
+
 class FeatureDrafter:
     """The drafters.py interface for a FeatureDraft; the engine hands it the target's states.
 
@@ -100,13 +106,28 @@ class FeatureDrafter:
     """
     reads_target_hidden = True
 
-    def __init__(self, model: FeatureDraft, capacity, cache_factory=KVCache.for_model, stop_below=None):
+    def __init__(self, model: FeatureDraft, capacity, cache_factory=KVCache.for_model, stop_below=None,
+                 one_call=None):
         if stop_below is not None and (isinstance(stop_below, bool) or not isinstance(stop_below, (int, float))
                                        or not 0.0 < stop_below < 1.0):
             raise ValueError(f"stop_below must be None or a number in (0, 1), got {stop_below!r}")
+        if one_call not in (None, True, False):
+            raise ValueError(f"one_call must be None (where it applies), True or False, got {one_call!r}")
         self.model, self.stop_below = model, stop_below  # as ModelDrafter's: stop after an unsure token
         self.cache = cache_factory(model.body.cfg, capacity, dtype=model.dtype, device=model.device)
         self.pending_tokens, self.pending_feats = [], []
+        # One call per drafted token, weights read in half precision (model.OneTokenDecoder): the layer
+        # and the head are 36 MB in float32, and the eager forward streams them from memory every token.
+        self.one_call = None
+        can = model.embed_weight.dtype == torch.float32 and OneTokenDecoder.supports(
+            model.body, self.cache, by_token=False, half=True)
+        if one_call and not can:
+            raise ValueError("one_call=True needs a float32 CPU feature draft, a contiguous KVCache and the "
+                             "kernel library's half-precision decode (kernels.has_half())")
+        if can and (one_call or (one_call is None and ONE_CALL)):
+            self.one_call = OneTokenDecoder(model.body, self.cache, by_token=False, half=True)
+            dim = model.cfg.dim
+            self._in_work, self._row = torch.empty(2 * dim), torch.empty(self.one_call.padded(dim))
 
     def reset(self):
         self.cache.reset()
@@ -122,22 +143,40 @@ class FeatureDrafter:
         if len(prompt_ids) > 1:
             self.pending_tokens, self.pending_feats = [prompt_ids[-1]], [feats[-1]]
 
+    def _input_row(self, token: int, state):
+        """FeatureDraft.inputs for one entry, in one call (csrc/panel_matmul.cpp, feature_input_half)."""
+        m, dim = self.model, self.model.cfg.dim
+        e, f = m.embed_weight[token].contiguous(), state.float().contiguous()  # a tied table: a column
+        kernels.feature_input_half(e.data_ptr(), f.data_ptr(), m.embed_norm.weight.data_ptr(),
+                                   m.feat_norm.weight.data_ptr(), m.embed_norm.eps, m.fc.panel_weight(True).data_ptr(),
+                                   dim, self._in_work.data_ptr(), self._row.data_ptr())
+        return self._row[:dim]
+
+    def _feed(self, tokens, feats):
+        """Feed entries (tokens[i], feats[i]) to the cache: the last one's (estimated state (dim,), logits (V,))."""
+        if self.one_call is None:
+            tok = tokens.view(1, -1) if torch.is_tensor(tokens) else torch.tensor([tokens], device=self.model.device)
+            h, logits = self.model(tok, torch.stack(feats)[None], cache=self.cache, last_only=True)
+            return h[0, -1], logits[0, -1]  # pending rows: the head runs on the last one only
+        for i, (t, f) in enumerate(zip(tokens, feats)):
+            logits = self.one_call.embedded(self._input_row(int(t), f), head=i == len(tokens) - 1)
+        return self.one_call.state, logits  # state: a view the next call overwrites, after reading it
+
     def propose(self, k, sampling, generator):
         dev = self.model.device
         if not self.pending_tokens:  # a one-token prompt: no state to read yet; propose nothing
             return torch.empty(0, dtype=torch.long, device=dev), None
-        tok = torch.tensor([self.pending_tokens], device=dev)  # (1, T)
-        feat = torch.stack(self.pending_feats)[None]  # (1, T, dim)
+        tokens, feats = self.pending_tokens, self.pending_feats
         ids, qs = [], []
         for i in range(k):
-            h, logits = self.model(tok, feat, cache=self.cache, last_only=True)  # pending rows: no head for all
-            d, q = draft_token(logits[0, -1], sampling, generator, self.stop_below is not None)
+            h, logits = self._feed(tokens, feats)
+            d, q = draft_token(logits, sampling, generator, self.stop_below is not None)
             if not sampling.greedy:
                 qs.append(q)
             ids.append(d)
             if i + 1 == k or (self.stop_below is not None and float(q[d]) < self.stop_below):
                 break  # d_k (or the unsure token) is never fed: the cache holds pending + d_1..d_{k-1}
-            tok, feat = d.view(1, 1), h[:, -1:]  # the next entry reads the draft's own estimate
+            tokens, feats = d.view(1), [h]  # the next entry reads the draft's own estimate
         return torch.stack(ids), (torch.stack(qs) if qs else None)
 
     def queue(self, tokens, hidden):

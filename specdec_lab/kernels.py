@@ -116,12 +116,19 @@ def _load():
     lib.rms_norm.restype = None
     lib.rms_norm.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_float,
                              ctypes.c_void_p]
-    lib.decode_token.restype = None
-    lib.decode_token.argtypes = ([ctypes.c_void_p, ctypes.c_long] + [ctypes.c_void_p] * 6
-                                 + [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long]  # final norm, head, n_out
-                                 + [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_long]  # caches, S, pos
-                                 + [ctypes.c_void_p, ctypes.c_void_p]  # cos, sin
-                                 + [ctypes.c_long] * 5 + [ctypes.c_float, ctypes.c_void_p, ctypes.c_void_p])
+    decode_args = ([ctypes.c_void_p, ctypes.c_long] + [ctypes.c_void_p] * 6
+                   + [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long]  # final norm, head, n_out
+                   + [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_long]  # caches, S, pos
+                   + [ctypes.c_void_p, ctypes.c_void_p]  # cos, sin
+                   + [ctypes.c_long] * 5 + [ctypes.c_float, ctypes.c_void_p, ctypes.c_void_p])
+    for name in ("decode_token", "decode_token_half"):
+        if hasattr(lib, name):  # the half one only where the compiler targets F16C
+            getattr(lib, name).restype = None
+            getattr(lib, name).argtypes = decode_args
+    if hasattr(lib, "feature_input_half"):
+        lib.feature_input_half.restype = None
+        lib.feature_input_half.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_float, ctypes.c_void_p, ctypes.c_long,
+                                                                    ctypes.c_void_p, ctypes.c_void_p]
     global _threaded
     _threaded = bool(lib.panel_threaded())
     _lib = lib
@@ -141,17 +148,21 @@ def panel_width() -> int:
     return _load().panel_width()
 
 
-def pack(w: torch.Tensor) -> torch.Tensor:
-    """W (K, N) float32 -> panels (ceil(N / PW), K, PW), zero-padded on the right, 64-byte aligned."""
+def pack(w: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
+    """W (K, N) float32 -> panels (ceil(N / PW), K, PW), zero-padded on the right, 64-byte aligned.
+    dtype=torch.float16 rounds the panels to half precision (decode_token_half reads them)."""
     if w.dtype != torch.float32 or w.dim() != 2 or w.device.type != "cpu":
         raise ValueError(f"w must be a 2-D float32 CPU tensor, got {tuple(w.shape)} {w.dtype} on {w.device}")
+    if dtype not in (torch.float32, torch.float16):
+        raise ValueError(f"dtype must be torch.float32 or torch.float16, got {dtype}")
     pw = panel_width()
     K, N = w.shape
     n_pad = -N % pw
     w = torch.nn.functional.pad(w.detach(), (0, n_pad)) if n_pad else w.detach().contiguous()
     numel = K * (N + n_pad)
-    buf = torch.empty(numel + 16, dtype=torch.float32)
-    off = (-buf.data_ptr() // 4) % 16  # whole 64-byte cache lines per panel row
+    size = torch.tensor([], dtype=dtype).element_size()
+    buf = torch.empty(numel + 64 // size, dtype=dtype)
+    off = (-buf.data_ptr() // size) % (64 // size)  # whole 64-byte cache lines per panel row
     panels = buf[off:off + numel].view((N + n_pad) // pw, K, pw)
     panels.copy_(w.view(K, (N + n_pad) // pw, pw).transpose(0, 1))
     return panels
@@ -179,6 +190,22 @@ def decode_token(*args):
     """One token through a small decoder (csrc/panel_matmul.cpp, `decode_token`); model.OneTokenDecoder
     gathers the arguments."""
     _load().decode_token(*args)
+
+
+def has_half() -> bool:
+    """Whether the library was built with decode_token_half (a compiler targeting F16C)."""
+    return available() and hasattr(_lib, "decode_token_half")
+
+
+def decode_token_half(*args):
+    """decode_token over half-precision panels (kernels.pack(w, torch.float16))."""
+    _load().decode_token_half(*args)
+
+
+def feature_input_half(*args):
+    """A feature draft's input row (csrc/panel_matmul.cpp, `feature_input_half`); feature_draft.py gathers
+    the arguments."""
+    _load().feature_input_half(*args)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -91,10 +91,16 @@ class Linear(nn.Module):
         self.bias = nn.Parameter(torch.zeros(d_out)) if bias else None
         self._packed, self._packed_key = None, None
         self._panels, self._panels_key = None, None
+        self._half_panels, self._half_key = None, None
 
-    def panel_weight(self):
+    def panel_weight(self, half=False):
+        """The panel kernel's copy of W; half=True: rounded to float16 (OneTokenDecoder(half=True))."""
         w = self.weight
         key = (w.data_ptr(), w._version)
+        if half:
+            if self._half_key != key:
+                self._half_panels, self._half_key = kernels.pack(w, torch.float16), key
+            return self._half_panels
         if self._panels_key != key:
             self._panels = kernels.pack(w)
             self._panels_key = key
@@ -357,21 +363,29 @@ class OneTokenDecoder:
     between. It returns what `model(token, cache=cache, last_only=True)[0, -1]` returns (to
     rounding in attention) and advances the cache by one. `OneTokenDecoder.supports` says
     which models and caches it takes: float32 on the CPU, untied embeddings, no biases, batch 1.
-    Weights are re-read on every call, so a model trained after this was built is seen as it is."""
+    Weights are re-read on every call, so a model trained after this was built is seen as it is.
+
+    half=True reads the products' weights rounded to float16 (`decode_token_half`): half the bytes,
+    the arithmetic still in float32, the logits no longer bit-for-bit the eager path's. For a draft
+    too big to stay in the L3 cache between its tokens (feature_draft.py); a draft's proposals
+    only need to be likely, and verification keeps the output the target's."""
 
     @staticmethod
-    def supports(model, cache) -> bool:
+    def supports(model, cache, by_token=True, half=False) -> bool:
+        """by_token=False: only `embedded` calls, which need no embedding table of the model's own.
+        half=True: also the kernel library's half-precision decode (kernels.has_half())."""
         head = model.head.proj if isinstance(model.head, VocabSubsetHead) else model.head
         linears = [head] + [m for b in model.layers for m in (b.attn.wqkv, b.attn.wo, b.mlp.w13, b.mlp.w2)]
-        return (PANEL_MATMUL and kernels.available() and model.embed is not None
-                and model.embed.weight.is_contiguous() and model.embed.weight.dtype == torch.float32
+        return (PANEL_MATMUL and kernels.available() and (not half or kernels.has_half())
+                and (not by_token or (model.embed is not None and model.embed.weight.is_contiguous()
+                                      and model.embed.weight.dtype == torch.float32))
                 and model.dtype == torch.float32 and model.device.type == "cpu"
                 and type(cache) is KVCache and cache.k.shape[1] == 1 and cache.k.dtype == torch.float32
                 and cache.k.is_contiguous() and cache.v.is_contiguous()
                 and all(m.bias is None and m.weight.is_contiguous() for m in linears))
 
-    def __init__(self, model, cache):
-        if not OneTokenDecoder.supports(model, cache):
+    def __init__(self, model, cache, by_token=True, half=False):
+        if not OneTokenDecoder.supports(model, cache, by_token, half):
             raise ValueError("OneTokenDecoder needs a float32 CPU model with untied embeddings and no biases, "
                              "a contiguous batch-1 float32 KVCache, and the kernel library (kernels.available())")
         self.model, self.cache = model, cache
@@ -381,37 +395,58 @@ class OneTokenDecoder:
         H, Hkv, D = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
         self.work = torch.empty(3 * p(cfg.dim) + p((H + 2 * Hkv) * D) + p(H * D) + p(2 * cfg.intermediate_size)
                                 + cache.capacity)
-        self._pointers, self._key = None, None
+        self._pointers, self._key, self.by_token, self.half = None, None, by_token, half
 
     def _weights(self):
         m = self.model
         sub = isinstance(m.head, VocabSubsetHead)
         head = m.head.proj if sub else m.head
-        layers = [(b.attn_norm.weight, b.attn.wqkv.panel_weight(), b.attn.wo.panel_weight(),
-                   b.mlp_norm.weight, b.mlp.w13.panel_weight(), b.mlp.w2.panel_weight()) for b in m.layers]
-        return layers, m.norm.weight, head.panel_weight(), head.weight.shape[1]
+        hf = self.half
+        layers = [(b.attn_norm.weight, b.attn.wqkv.panel_weight(hf), b.attn.wo.panel_weight(hf),
+                   b.mlp_norm.weight, b.mlp.w13.panel_weight(hf), b.mlp.w2.panel_weight(hf)) for b in m.layers]
+        return layers, m.norm.weight, head.panel_weight(hf), head.weight.shape[1]
 
     def __call__(self, token: int) -> torch.Tensor:
+        if not self.by_token:
+            raise ValueError("this OneTokenDecoder was built with by_token=False: call embedded(row)")
+        if not 0 <= token < self.model.cfg.vocab_size:
+            raise ValueError(f"token must be in [0, {self.model.cfg.vocab_size}), got {token}")
+        return self.embedded(self.model.embed.weight[token])
+
+    @property
+    def state(self) -> torch.Tensor:
+        """The last call's final normalised hidden state (dim,): what Transformer.hidden returns
+        for that row. A view of the work buffer, overwritten by the next call."""
+        return self.work[self.padded(self.model.cfg.dim):][:self.model.cfg.dim]
+
+    def embedded(self, row: torch.Tensor, head: bool = True):
+        """The same forward from an input row (dim,) float32 in place of a token's embedding
+        (feature_draft.py builds its own). head=False skips the output head and returns None:
+        a row whose logits nobody reads costs only the layers."""
         m, cache, cfg = self.model, self.cache, self.model.cfg
-        if not 0 <= token < cfg.vocab_size:
-            raise ValueError(f"token must be in [0, {cfg.vocab_size}), got {token}")
+        if row.shape != (cfg.dim,) or row.dtype != torch.float32 or not row.is_contiguous():
+            raise ValueError(f"row must be a contiguous float32 tensor of shape ({cfg.dim},), "
+                             f"got {tuple(row.shape)} {row.dtype}")
         cache.reserve(1)
-        layers, norm, head, n = self._weights()  # panels are rebuilt only when a weight changed
-        key = tuple(t.data_ptr() for group in layers for t in group) + (norm.data_ptr(), head.data_ptr())
+        layers, norm, head_w, n = self._weights()  # panels are rebuilt only when a weight changed
+        key = tuple(t.data_ptr() for group in layers for t in group) + (norm.data_ptr(), head_w.data_ptr())
         if key != self._key:  # one pointer array per kind of weight, kept while the weights stay put
             self._pointers = [(ctypes.c_void_p * len(layers))(*[group[i].data_ptr() for group in layers])
                               for i in range(6)]
             self._key = key
         pos = cache.length
-        logits = torch.empty(self.padded(n))
+        n_out = self.padded(n) if head else 0
+        logits = torch.empty(n_out)
         cos, sin = m.rope_cos[pos], m.rope_sin[pos]  # (D,) each, the rotate-half layout
         H, Hkv, D = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-        kernels.decode_token(
-            m.embed.weight[token].data_ptr(), len(layers), *self._pointers, norm.data_ptr(), head.data_ptr(),
-            self.padded(n), cache.k.data_ptr(), cache.v.data_ptr(), cache.capacity, pos, cos.data_ptr(),
+        (kernels.decode_token_half if self.half else kernels.decode_token)(
+            row.data_ptr(), len(layers), *self._pointers, norm.data_ptr(), head_w.data_ptr(),
+            n_out, cache.k.data_ptr(), cache.v.data_ptr(), cache.capacity, pos, cos.data_ptr(),
             sin.data_ptr(), cfg.dim, H, Hkv, D, cfg.intermediate_size, cfg.norm_eps, self.work.data_ptr(),
             logits.data_ptr())
         cache.advance(1)
+        if not head:
+            return None
         y = logits[:n]
         if isinstance(m.head, VocabSubsetHead):
             return y.new_full((m.head.vocab_size,), float("-inf")).index_copy_(0, m.head.ids, y)

@@ -3,6 +3,7 @@ import pytest
 import torch
 
 import specdec_lab as sl
+from specdec_lab import feature_draft, kernels
 from specdec_lab.distill import generate_data, sample_batch
 from specdec_lab.feature_draft import (FeatureDraft, FeatureDrafter, load_feature_draft, load_feature_shards,
                                        save_feature_draft, train_feature_draft)
@@ -45,11 +46,14 @@ def _fresh_proposal(target, fdraft, seq, k):
 
 
 @pytest.mark.parametrize("k", [1, 3, 4])
-def test_the_drafter_cache_matches_a_fresh_prefill_after_every_step(target, k):
+def test_the_drafter_cache_matches_a_fresh_prefill_after_every_step(target, k, monkeypatch):
     # After a step the cache must hold true states for every committed token but the pending
     # ones; estimated states left behind would make proposals differ from a fresh drafter's.
     # Self-distilled on nothing, a random draft accepts little; drafting the target's own greedy
     # path (a draft whose head is the target's and whose layer passes states through) accepts all.
+    # The eager forward on both sides: the one-call path's half-precision entries would differ from
+    # a fresh prefill's float32 ones by rounding (test_one_call_path_matches_the_eager_forward).
+    monkeypatch.setattr(feature_draft, "ONE_CALL", False)
     fd = FeatureDraft(target, seed=2).eval().requires_grad_(False)
     engine = sl.SpeculativeEngine(target, fd, k=k)
     seen = []
@@ -68,6 +72,37 @@ def test_the_drafter_cache_matches_a_fresh_prefill_after_every_step(target, k):
 
     engine.generate(prompt, max_new_tokens=25, on_step=check)
     assert len(seen) >= 5 and all(seen)
+
+
+def test_one_call_path_matches_the_eager_forward(target):
+    # The one-call drafter reads its weights in float16: the states, logits and cache entries it
+    # writes must match the eager float32 forward's to half-precision rounding, pending rows,
+    # drafted rows (reading the draft's own estimate) and the drafted tokens alike.
+    if not kernels.has_half():
+        pytest.skip("the kernel library was built without F16C (kernels.has_half() is False)")
+    fd = FeatureDraft(target, vocab_ids=list(range(0, 64, 2)) + [63], seed=3).eval().requires_grad_(False)
+    seq = [4, 5, 6, 9, 2, 7, 1]
+    feats = target.hidden(torch.tensor([seq[:-1]]))[0]
+    fast, slow = FeatureDrafter(fd, 64, one_call=True), FeatureDrafter(fd, 64, one_call=False)
+    assert fast.one_call is not None and slow.one_call is None
+    for d in (fast, slow):
+        d.prefill(seq[:4], feats[:3])
+        d.queue(seq[4:6], feats[3:5])  # three pending rows: the head runs on the last one only
+    (h1, l1), (h0, l0) = fast._feed(fast.pending_tokens, fast.pending_feats), \
+        slow._feed(slow.pending_tokens, slow.pending_feats)
+    for _ in range(3):
+        finite = l0.isfinite()
+        assert torch.equal(finite, l1.isfinite()) and int(finite.sum()) == 33
+        assert torch.allclose(h1, h0, atol=2e-2) and torch.allclose(l1[finite], l0[finite], atol=2e-2)
+        assert int(l1.argmax()) == int(l0.argmax()) or float(l0.max() - l0[l1.argmax()]) < 2e-2
+        d = l0.argmax().view(1)
+        (h1, l1), (h0, l0) = fast._feed(d, [h1.clone()]), slow._feed(d, [h0])
+    assert fast.cache.length == slow.cache.length == 2 + 3 + 3
+    assert torch.allclose(fast.cache.k[..., :8, :], slow.cache.k[..., :8, :], atol=2e-2)
+    assert torch.allclose(fast.cache.v[..., :8, :], slow.cache.v[..., :8, :], atol=2e-2)
+    assert not torch.equal(fast.cache.k[..., :8, :], slow.cache.k[..., :8, :])  # it did read half precision
+    with pytest.raises(ValueError, match="one_call"):
+        FeatureDrafter(fd, 64, one_call="yes")
 
 
 def test_a_feature_draft_for_another_width_is_refused(target):

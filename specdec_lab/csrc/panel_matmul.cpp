@@ -36,6 +36,9 @@
 #ifndef SPECDEC_LAB_SERIAL
 #include <ATen/Parallel.h>
 #endif
+#ifdef __F16C__
+#include <immintrin.h>
+#endif
 
 #define PW 32        /* panel width, in floats: N must be a multiple (kernels.py pads) */
 #define RB 8         /* rows held in registers per pass over a panel */
@@ -136,6 +139,36 @@ static void product(const float *x, const float *P, float *y, long K, long N) {
     for (long t = 0; t < N / PW; t++) one_panel(x, 1, P, y, K, N, t);
 }
 
+#ifdef __F16C__
+/* One row against half-precision panels: 32 outputs in 4 registers, two sets of them (even and
+ * odd k) so that consecutive multiply-adds do not wait on each other. */
+static void product(const float *x, const unsigned short *P, float *y, long K, long N) {
+    for (long t = 0; t < N / PW; t++) {
+        const unsigned short *p = P + t * K * PW;
+        __m256 a[8];
+        for (int i = 0; i < 8; i++) a[i] = _mm256_setzero_ps();
+        long k = 0;
+        for (; k + 1 < K; k += 2) {
+            const unsigned short *w = p + k * PW;
+            __builtin_prefetch(w + 2 * PREFETCH);
+            __builtin_prefetch(w + 2 * PREFETCH + 32);
+            const __m256 x0 = _mm256_broadcast_ss(x + k), x1 = _mm256_broadcast_ss(x + k + 1);
+            for (int i = 0; i < 4; i++) {
+                a[i] = _mm256_fmadd_ps(x0, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w + 8 * i))), a[i]);
+                a[4 + i] = _mm256_fmadd_ps(x1, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w + PW + 8 * i))),
+                                           a[4 + i]);
+            }
+        }
+        for (; k < K; k++) {
+            const __m256 x0 = _mm256_broadcast_ss(x + k);
+            for (int i = 0; i < 4; i++)
+                a[i] = _mm256_fmadd_ps(x0, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + k * PW + 8 * i))), a[i]);
+        }
+        for (int i = 0; i < 4; i++) _mm256_storeu_ps(y + t * PW + 8 * i, _mm256_add_ps(a[i], a[4 + i]));
+    }
+}
+#endif
+
 static void rotate(float *v, const float *cos, const float *sin, long D) {  /* one head, in place */
     const long half = D / 2;
     for (long i = 0; i < half; i++) {
@@ -145,11 +178,12 @@ static void rotate(float *v, const float *cos, const float *sin, long D) {  /* o
     }
 }
 
-extern "C" void decode_token(
+template <typename W>
+static void decode(
         const float *embedding, long n_layers,
-        const float *const *attn_norm, const float *const *wqkv, const float *const *wo,
-        const float *const *mlp_norm, const float *const *w13, const float *const *w2,
-        const float *final_norm, const float *head, long n_out,
+        const float *const *attn_norm, const W *const *wqkv, const W *const *wo,
+        const float *const *mlp_norm, const W *const *w13, const W *const *w2,
+        const float *final_norm, const W *head, long n_out,
         float *k_cache, float *v_cache, long S, long pos, const float *cos, const float *sin,
         long dim, long H, long Hkv, long D, long I, float eps, float *work, float *logits) {
     const long G = H / Hkv, qkv_n = padded((H + 2 * Hkv) * D);
@@ -198,3 +232,35 @@ extern "C" void decode_token(
     rms_norm(x, 1, dim, final_norm, eps, h);
     product(h, head, logits, dim, n_out);
 }
+
+#define DECODE_ARGS(W) \
+        const float *embedding, long n_layers, \
+        const float *const *attn_norm, const W *const *wqkv, const W *const *wo, \
+        const float *const *mlp_norm, const W *const *w13, const W *const *w2, \
+        const float *final_norm, const W *head, long n_out, \
+        float *k_cache, float *v_cache, long S, long pos, const float *cos, const float *sin, \
+        long dim, long H, long Hkv, long D, long I, float eps, float *work, float *logits
+#define DECODE_PASS embedding, n_layers, attn_norm, wqkv, wo, mlp_norm, w13, w2, final_norm, head, n_out, \
+        k_cache, v_cache, S, pos, cos, sin, dim, H, Hkv, D, I, eps, work, logits
+
+extern "C" void decode_token(DECODE_ARGS(float)) { decode<float>(DECODE_PASS); }
+
+#ifdef __F16C__
+/* decode_token_half: the same forward over half-precision panels (same layout, 2 bytes a weight),
+ * widened to float in registers (F16C) and multiplied in float32. A feature draft (feature_draft.py)
+ * is one layer of the target's width and a head over 8192 tokens, 36 MB in float32: more than this
+ * machine's 32 MB L3, so each drafted token streams it from memory again. In half precision it is
+ * 18 MB, read at half the bytes and held in L3 from one drafted token to the next. Built only where
+ * the compiler targets F16C (kernels.has_half()). */
+extern "C" void decode_token_half(DECODE_ARGS(unsigned short)) { decode<unsigned short>(DECODE_PASS); }
+
+/* A feature draft's input row in one call: out (P(dim)) = fc [norm(embedding), norm(state)],
+ * fc (2 dim, dim) in half-precision panels; work holds 2 dim floats. */
+extern "C" void feature_input_half(const float *embedding, const float *state, const float *embed_norm,
+                                   const float *state_norm, float eps, const unsigned short *fc, long dim,
+                                   float *work, float *out) {
+    rms_norm(embedding, 1, dim, embed_norm, eps, work);
+    rms_norm(state, 1, dim, state_norm, eps, work + dim);
+    product(work, fc, out, 2 * dim, padded(dim));
+}
+#endif
