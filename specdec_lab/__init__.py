@@ -16,7 +16,8 @@ target forward.
 from .config import MAX_K, ModelConfig, SamplingConfig
 from .drafters import LookupThenModelDrafter, ModelDrafter, NGramDrafter
 from .engine import GenerationResult, SpeculativeEngine, autoregressive_generate
-from .feature_draft import FeatureDraft, FeatureDrafter, default_feature_draft_dir, load_feature_draft
+from .feature_draft import (FeatureDraft, FeatureDrafter, default_feature_draft_dir, load_feature_draft,
+                            shipped_feature_draft_dir)
 from .kv_cache import KVCache
 from .metrics import RunStats, StepRecord
 from .model import Transformer, init_weights
@@ -28,5 +29,5 @@ __all__ = [
     "autoregressive_generate", "KVCache", "RunStats", "StepRecord", "Transformer", "init_weights",
     "ModelPair", "default_draft_dir", "load_default_pair", "load_pair", "tiny_model", "verify",
     "verify_reference", "ModelDrafter", "NGramDrafter", "LookupThenModelDrafter",
-    "FeatureDraft", "FeatureDrafter", "default_feature_draft_dir", "load_feature_draft",
+    "FeatureDraft", "FeatureDrafter", "default_feature_draft_dir", "load_feature_draft", "shipped_feature_draft_dir",
 ]

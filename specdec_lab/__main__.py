@@ -97,7 +97,7 @@ def cmd_distill(args):
 def cmd_distill_features(args):
     from .feature_draft import feature_main
     out, curve = feature_main(budget=args.budget, out_dir=args.out, work_dir=args.work_dir, steps=args.steps,
-                              lr=args.lr, data_minutes=args.data_minutes)
+                              lr=args.lr, data_minutes=args.data_minutes, init=args.init)
     print(f"feature draft saved to {out}; held-out agreement at depth 1 {curve[-1][1]:.3f}, depth 2 {curve[-1][2]:.3f}"
           if curve else f"feature draft saved to {out}")
 
@@ -207,6 +207,7 @@ def main(argv=None):
     f.add_argument("--data-minutes", type=float, help="stop generating data after this long, then train")
     f.add_argument("--steps", type=int, help="override the budget's optimizer steps")
     f.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (default 3e-3)")
+    f.add_argument("--init", help="a feature draft's folder to continue training from (a second phase)")
     a = sub.add_parser("acceptance", help="alpha, tokens per step at K = 1..8, and c on held-out prompts")
     a.add_argument("--num-prompts", type=int, default=12)
     a.add_argument("--max-new-tokens", type=int, default=64)

@@ -19,10 +19,12 @@ norms (about 4M parameters). The token embedding and the output head are the tar
 taken at load; the head is restricted to the draft's frequent-token subset
 (model.VocabSubsetHead), as the shipped draft's is.
 
-On the project's CPU it agreed with the target more often than the shipped draft after 1000
-steps of training, but its eager forward cost 3-4x the shipped draft's one-call forward, and it
-ran slower in the loop; the README has the figures. None ships: `python -m specdec_lab
-distill-features` makes one in the cache, and the bench then runs it beside the shipped draft.
+One ships for SmolLM2-135M-Instruct (feature_draft_smollm2/, whose README.md is its model card:
+how it was trained and how it fared); `python -m specdec_lab distill-features` trains another into
+the cache. On the project's CPU it agrees with the target more often than the shipped token-only
+draft, but a drafted token reads 18 MB of weights in half precision (FeatureDrafter's one-call
+path) against the shipped draft's 8 MB. Behind prompt lookup it ran level with the shipped draft
+at temperature 0 and slower at 0.7 (the README has the side-by-side figures).
 """
 import json
 import math
@@ -277,7 +279,7 @@ def train_feature_draft(model, train, held, steps=600, lr=2e-3, max_tokens=4096,
     subset_pos = torch.full((V,), -1, dtype=torch.long)
     subset_pos[model.body.head.ids.cpu()] = torch.arange(len(model.body.head.ids))
     g = torch.Generator().manual_seed(seed)
-    params = [p for n, p in model.named_parameters() if not n.startswith("body.head.")]
+    params = [p.requires_grad_(True) for n, p in model.named_parameters() if not n.startswith("body.head.")]
     opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
     warm = max(1, steps // 20)
     sched = torch.optim.lr_scheduler.LambdaLR(
@@ -327,9 +329,21 @@ def train_feature_draft(model, train, held, steps=600, lr=2e-3, max_tokens=4096,
 
 def default_feature_draft_dir() -> Path:
     """Where `python -m specdec_lab distill-features` puts the default target's feature draft: in
-    the cache, since none ships with the package (see the module docstring for why)."""
+    the cache, beside the one that ships (shipped_feature_draft_dir)."""
     from .assets import cache_dir
     return cache_dir() / "feature_draft_smollm2"
+
+
+def shipped_feature_draft_dir() -> Path:
+    """The feature draft that ships with the package for SmolLM2-135M-Instruct; README.md there
+    is its model card."""
+    return Path(__file__).parent / "feature_draft_smollm2"
+
+
+def find_feature_draft_dir() -> Path:
+    """The default target's feature draft: distill-features' output where it exists, else the shipped one."""
+    trained = default_feature_draft_dir()
+    return trained if (trained / "model.safetensors").exists() else shipped_feature_draft_dir()
 
 
 def save_feature_draft(model, out_dir, card=None):
@@ -348,10 +362,10 @@ def save_feature_draft(model, out_dir, card=None):
 
 
 def load_feature_draft(target, folder=None):
-    """A FeatureDraft for `target` from save_feature_draft's folder
-    (default: distill-features' output for SmolLM2-135M-Instruct), in the target's dtype."""
+    """A FeatureDraft for `target` from save_feature_draft's folder, in the target's dtype (default,
+    for SmolLM2-135M-Instruct: distill-features' output where it exists, else the shipped one)."""
     from safetensors.torch import load_file
-    folder = Path(folder) if folder is not None else default_feature_draft_dir()
+    folder = Path(folder) if folder is not None else find_feature_draft_dir()
     if not (folder / "config.json").exists():
         raise ValueError(f"no feature draft in {folder}: `python -m specdec_lab distill-features` makes one")
     cfg = json.loads((folder / "config.json").read_text())
@@ -382,8 +396,9 @@ def feature_sets():
 
 
 def feature_main(budget="full", out_dir=None, work_dir=None, steps=None, lr=3e-3, data_minutes=None,
-                 progress=True, log=print):
-    """Target answers with states -> training -> a folder load_feature_draft reads. Resumable data."""
+                 progress=True, log=print, init=None):
+    """Target answers with states -> training -> a folder load_feature_draft reads. Resumable data.
+    init: a saved feature draft's folder to start from (a second phase) instead of random weights."""
     from .assets import cache_dir, ensure_default_target
     from .pair import default_draft_dir, vocab_subset
     from .distill import generate_data
@@ -405,7 +420,7 @@ def feature_main(budget="full", out_dir=None, work_dir=None, steps=None, lr=3e-3
     if not train:
         raise ValueError(f"no training answers under {work}: let the data generation run longer")
     log(f"{len(train)} training answers ({sum(len(e[0]) - e[2] for e in train)} answer tokens), {len(held)} held out")
-    model = FeatureDraft(target, vocab_subset(default_draft_dir()))
+    model = FeatureDraft(target, vocab_subset(default_draft_dir())) if init is None else load_feature_draft(target, init)
     model, curve = train_feature_draft(model, train, held, steps=steps or cfg_b["steps"], lr=lr,
                                        eval_every=cfg_b["eval_every"], progress=progress,
                                        log=lambda s, loss, c: log(f"step {s}: loss {loss:.3f}, held-out "

@@ -144,6 +144,14 @@ def test_training_raises_agreement_and_acceptance(tmp_path):
     again = sl.SpeculativeEngine(target, loaded, k=3).generate([1, 7, 2], max_new_tokens=40).stats
     assert again.acceptance_rate == pytest.approx(after.acceptance_rate, abs=0.05)  # float16 round trip
 
+    # a second phase (distill-features --init) trains what load_feature_draft returns frozen
+    start = {k: v.clone() for k, v in loaded.own_state_dict().items()}
+    loaded, more = train_feature_draft(loaded, train, held, steps=20, lr=1e-3, max_tokens=512, eval_every=10,
+                                       progress=False)
+    assert any(not torch.equal(v, start[k]) for k, v in loaded.own_state_dict().items())
+    assert torch.equal(loaded.body.head.proj.weight, fd.body.head.proj.weight)  # the target's head: untouched
+    assert more[-1][1] > curve[-1][1] - 0.05, (more, curve)  # it kept what the first phase learnt
+
 
 def test_loading_for_a_target_of_another_width_is_refused(tmp_path, target, fdraft):
     out = save_feature_draft(fdraft, tmp_path / "fd")
@@ -218,3 +226,25 @@ def test_sampling_with_a_feature_draft_is_distributed_as_the_target(k, temperatu
     engine = sl.SpeculativeEngine(target, fd, k=k)
     pvalue = chi_square_pvalue(engine, exact_distribution(target, temperature, 1.0), 2500, temperature, 1.0, k)
     assert pvalue > 0.001, f"samples with a feature draft are not distributed as the target (p = {pvalue:.2e})"
+
+
+@pytest.mark.slow
+def test_the_shipped_feature_draft_drafts_for_the_default_target(default_target):
+    """The folder that ships (its model card: feature_draft_smollm2/README.md) loads for the real
+    target, keeps greedy output the target's own behind prompt lookup, and agrees with it far more
+    often than chance: a random feature draft of the same shape accepts next to nothing."""
+    fd = load_feature_draft(default_target, sl.shipped_feature_draft_dir())
+    assert fd.cfg.n_layers == 1 and fd.state_width == 576 and len(fd.body.head.ids) == 8192
+    drafter = sl.LookupThenModelDrafter(fd, 512)
+    assert (drafter.model.one_call is not None) == kernels.has_half()
+    engine = sl.SpeculativeEngine(default_target, drafter, k=4)
+    drafted = accepted = 0
+    for prompt in ("Why is the sky blue?", "Write a Python function that reverses a string."):
+        base = sl.autoregressive_generate(default_target, prompt, max_new_tokens=32).tokens
+        res = engine.generate(prompt, max_new_tokens=32)
+        assert res.tokens == base
+        drafted, accepted = drafted + res.stats.drafted, accepted + res.stats.accepted
+    assert accepted / drafted > 0.3, (accepted, drafted)
+    random_fd = FeatureDraft(default_target, vocab_ids=fd.body.head.ids, seed=0).eval().requires_grad_(False)
+    res = sl.SpeculativeEngine(default_target, random_fd, k=4).generate("Why is the sky blue?", max_new_tokens=16)
+    assert res.stats.accepted / res.stats.drafted < 0.1

@@ -7,6 +7,8 @@ import re
 import tomllib
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -106,10 +108,13 @@ def test_the_kernel_source_ships_with_the_package():
     assert SOURCE.exists() and any(fnmatch(rel, p) for p in patterns), f"{rel} would be left out of a wheel"
 
 
-def test_the_draft_folder_ships_whole_with_the_package():
+@pytest.mark.parametrize("folder,names", [("draft", ("config.json", "model.safetensors", "vocab_subset.json",
+                                                     "README.md")),
+                                          ("feature_draft_smollm2", ("config.json", "model.safetensors", "README.md"))])
+def test_the_draft_folders_ship_whole_with_the_package(folder, names):
     from fnmatch import fnmatch
     patterns = pyproject()["tool"]["setuptools"]["package-data"]["specdec_lab"]
-    for name in ("config.json", "model.safetensors", "vocab_subset.json", "README.md"):
-        path = ROOT / "specdec_lab" / "draft" / name
-        assert path.exists(), f"draft/{name} is missing"
-        assert any(fnmatch(f"draft/{name}", p) for p in patterns), f"draft/{name} would be left out of a wheel"
+    for name in names:
+        path = ROOT / "specdec_lab" / folder / name
+        assert path.exists(), f"{folder}/{name} is missing"
+        assert any(fnmatch(f"{folder}/{name}", p) for p in patterns), f"{folder}/{name} would be left out of a wheel"

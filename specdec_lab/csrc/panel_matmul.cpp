@@ -248,10 +248,11 @@ extern "C" void decode_token(DECODE_ARGS(float)) { decode<float>(DECODE_PASS); }
 #ifdef __F16C__
 /* decode_token_half: the same forward over half-precision panels (same layout, 2 bytes a weight),
  * widened to float in registers (F16C) and multiplied in float32. A feature draft (feature_draft.py)
- * is one layer of the target's width and a head over 8192 tokens, 36 MB in float32: more than this
- * machine's 32 MB L3, so each drafted token streams it from memory again. In half precision it is
- * 18 MB, read at half the bytes and held in L3 from one drafted token to the next. Built only where
- * the compiler targets F16C (kernels.has_half()). */
+ * is one layer of the target's width and a head over 8192 tokens, 36 MB in float32, which each
+ * drafted token streams from memory again: in half precision it reads 18 MB. A drafted token took
+ * 1.5-3.0 ms this way against 5.6-6.4 ms for the eager float32 forward (one thread, three rounds on
+ * a day a target forward took 72-116 ms). Built only where the compiler targets F16C
+ * (kernels.has_half()). */
 extern "C" void decode_token_half(DECODE_ARGS(unsigned short)) { decode<unsigned short>(DECODE_PASS); }
 
 /* A feature draft's input row in one call: out (P(dim)) = fc [norm(embedding), norm(state)],
