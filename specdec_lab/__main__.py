@@ -140,7 +140,8 @@ def add_bench_parser(sub):
     b.add_argument("--draft", "--draft-dir", dest="draft",
                    help="hub id or Hugging Face folder of the draft (default: the shipped draft)")
     b.add_argument("--feature-draft", help="folder of a feature draft (feature_draft.py) to run beside the "
-                   "draft (default: distill-features' output, where it exists, for the default target)")
+                   "draft (default, for the default target: distill-features' output where it exists, "
+                   "else the shipped one)")
     b.add_argument("--no-feature-draft", action="store_true", help="skip the feature draft's systems")
     b.add_argument("--device", default="cpu")
     b.add_argument("--dtype", choices=["float32", "bfloat16", "float16"],
