@@ -367,8 +367,8 @@ class OneTokenDecoder:
 
     half=True reads the products' weights rounded to float16 (`decode_token_half`): half the bytes,
     the arithmetic still in float32, the logits no longer bit-for-bit the eager path's. For a draft
-    too big to stay in the L3 cache between its tokens (feature_draft.py); a draft's proposals
-    only need to be likely, and verification keeps the output the target's."""
+    whose weights are streamed from memory for every token (feature_draft.py's, 36 MB in float32);
+    a draft's proposals only need to be likely, and verification keeps the output the target's."""
 
     @staticmethod
     def supports(model, cache, by_token=True, half=False) -> bool:
@@ -387,7 +387,8 @@ class OneTokenDecoder:
     def __init__(self, model, cache, by_token=True, half=False):
         if not OneTokenDecoder.supports(model, cache, by_token, half):
             raise ValueError("OneTokenDecoder needs a float32 CPU model with untied embeddings and no biases, "
-                             "a contiguous batch-1 float32 KVCache, and the kernel library (kernels.available())")
+                             "a contiguous batch-1 float32 KVCache, and the kernel library (kernels.available(); "
+                             "with half=True, built for F16C: kernels.has_half())")
         self.model, self.cache = model, cache
         cfg, pw = model.cfg, kernels.panel_width()
         self.padded = lambda n: -(-n // pw) * pw

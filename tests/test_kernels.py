@@ -210,6 +210,46 @@ def test_one_token_decoder_follows_weight_changes_and_a_full_cache_changes_nothi
         decoder(m.cfg.vocab_size)
 
 
+def test_one_token_decoder_from_rows_and_in_half_precision():
+    # embedded(row) is __call__(token) with the row given: bit for bit the same logits and state.
+    # half=True reads float16 panels: close to the float32 path, not equal to it. head=False
+    # writes the cache and the state, and computes no logits.
+    from specdec_lab import kernels
+    from specdec_lab.kv_cache import KVCache
+    from specdec_lab.model import OneTokenDecoder
+    from specdec_lab.pair import tiny_model
+    m = _untied(2)
+    a, b = KVCache.for_model(m.cfg, 8), KVCache.for_model(m.cfg, 8)
+    by_token, by_row = OneTokenDecoder(m, a), OneTokenDecoder(m, b, by_token=False)
+    for t in (3, 9, 4):
+        assert torch.equal(by_token(t), by_row.embedded(m.embed.weight[t].contiguous()))
+        assert torch.equal(by_token.state, by_row.state)
+    want = m.hidden(torch.tensor([[3, 9, 4]]))[0, -1]
+    assert torch.allclose(by_row.state, want, atol=1e-5)
+    assert by_row.embedded(m.embed.weight[1].contiguous(), head=False) is None and b.length == 4
+    with pytest.raises(ValueError, match="by_token=False"):
+        by_row(1)
+    with pytest.raises(ValueError, match="row must be"):
+        by_row.embedded(torch.zeros(m.cfg.dim + 1))
+    assert b.length == 4
+    if not kernels.has_half():
+        pytest.skip("the kernel library was built without F16C (kernels.has_half() is False)")
+    w = torch.randn(40, 70)
+    p16 = kernels.pack(w, torch.float16)
+    assert p16.dtype == torch.float16 and p16.data_ptr() % 64 == 0
+    assert torch.equal(p16.float(), kernels.pack(w.half().float()))  # the same panels, rounded
+    tied = tiny_model(0)  # no embedding table of its own: rows only
+    assert OneTokenDecoder.supports(tied, KVCache.for_model(tied.cfg, 8), by_token=False, half=True)
+    c = KVCache.for_model(m.cfg, 8)
+    half = OneTokenDecoder(m, c, half=True)
+    for t in (3, 9, 4):
+        y = half(t)
+    ref = m(torch.tensor([[3, 9, 4]]))[0, -1]
+    assert torch.allclose(y, ref, rtol=1e-2, atol=1e-2) and not torch.equal(y, ref)
+    ka, kc = a.k[..., :3, :], c.k[..., :3, :]
+    assert (kc - ka).abs().max() < 5e-3 * ka.abs().max()  # float16 rounding, relative to the keys' scale
+
+
 def test_one_token_decoder_refuses_what_it_does_not_cover():
     from specdec_lab.kv_cache import KVCache
     from specdec_lab.model import OneTokenDecoder
