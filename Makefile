@@ -34,8 +34,11 @@ demo: setup
 # The configuration docs/bench_full.json was measured with (36 minutes on 2 cores; about 90 on a day
 # the machine read memory at 11 GB/s, docs/bench_slow_memory.json): three
 # samples per prompt at temperature 0.7, where one answer per prompt leaves the figure to the seeds.
+# Those runs predate the shipped feature draft: without --no-feature-draft the bench also runs its
+# five systems (docs/bench_feature_draft.json is a side-by-side run of them).
 bench: setup
-	OMP_NUM_THREADS=1 $(PY) -m specdec_lab bench --prompts 24 --max-new-tokens 64 --ks 1-8 --threads 1 --samples 3
+	OMP_NUM_THREADS=1 $(PY) -m specdec_lab bench --prompts 24 --max-new-tokens 64 --ks 1-8 --threads 1 --samples 3 \
+		--no-feature-draft
 
 clean:
 	rm -rf $(VENV) .pytest_cache
