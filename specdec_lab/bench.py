@@ -290,7 +290,7 @@ def make_systems(target, draft, ks, adaptive=True, hf_target=None, hf_draft=None
         capacity = min(2048, target.cfg.max_seq_len)
         feature = [(f"spec_feat_k{k}", f"feature draft, K={k}", FeatureDrafter(feature_draft, capacity), k, None)
                    for k in FEATURE_KS]
-        feature.append(("spec_feat_stop", f"feature draft, K<={FEATURE_STOP_K}, stop at q<{STOP_BELOW:g}",
+        feature.append(("spec_feat_stop", f"feature, K<={FEATURE_STOP_K}, stop at q<{STOP_BELOW:g}",
                         FeatureDrafter(feature_draft, capacity, stop_below=STOP_BELOW), FEATURE_STOP_K,
                         FEATURE_STOP_K))
         feature.append(("spec_feat_lookup", f"feature draft, lookup + K={FEATURE_LOOKUP_K}",
