@@ -23,9 +23,10 @@ from .sampling import logits_to_probs, sample
 
 # Feed the draft one token at a time through model.OneTokenDecoder where it applies (float32 on
 # the CPU, a contiguous cache): up to ONE_CALL_UP_TO pending tokens that way, more in one forward.
-# Set ONE_CALL = False before building a drafter to compare with the eager forward. Why 3: for the
-# shipped draft at 100 cached tokens (one thread) a one-call forward took 0.25 ms per token and an
-# eager forward 0.90 ms for one token to 1.14 ms for eight; the two cross at four tokens.
+# Set ONE_CALL = False before building a drafter (feature_draft.py's too) to compare with the eager
+# forward. Why 3: for the shipped draft at 100 cached tokens (one thread) a one-call forward took
+# 0.25 ms per token and an eager forward 0.90 ms for one token to 1.14 ms for eight; the two cross
+# at four tokens.
 ONE_CALL = True
 ONE_CALL_UP_TO = 3
 

@@ -40,6 +40,7 @@ from tqdm.auto import tqdm
 from . import kernels
 from .kv_cache import KVCache
 from .model import Linear, OneTokenDecoder, RMSNorm, Transformer, VocabSubsetHead, init_weights
+from . import drafters
 from .drafters import draft_token
 
 
@@ -92,11 +93,6 @@ class FeatureDraft(nn.Module):
 
 # ----------------------------------------------------------------------------- the drafter
 
-# Draft through model.OneTokenDecoder in half precision where it applies (FeatureDrafter's one_call);
-# set ONE_CALL = False before building a drafter to compare with the eager float32 forward.
-ONE_CALL = True
-
-
 class FeatureDrafter:
     """The drafters.py interface for a FeatureDraft; the engine hands it the target's states.
 
@@ -120,13 +116,14 @@ class FeatureDrafter:
         self.pending_tokens, self.pending_feats = [], []
         # One call per drafted token, weights read in half precision (model.OneTokenDecoder): the layer
         # and the head are 36 MB in float32, and the eager forward streams them from memory every token.
+        # one_call=None: wherever it applies, unless drafters.ONE_CALL is off (to compare with eager).
         self.one_call = None
         can = model.embed_weight.dtype == torch.float32 and OneTokenDecoder.supports(
             model.body, self.cache, by_token=False, half=True)
         if one_call and not can:
             raise ValueError("one_call=True needs a float32 CPU feature draft, a contiguous KVCache and the "
                              "kernel library's half-precision decode (kernels.has_half())")
-        if can and (one_call or (one_call is None and ONE_CALL)):
+        if can and (one_call or (one_call is None and drafters.ONE_CALL)):  # one switch for both drafters
             self.one_call = OneTokenDecoder(model.body, self.cache, by_token=False, half=True)
             dim = model.cfg.dim
             self._in_work, self._row = torch.empty(2 * dim), torch.empty(self.one_call.padded(dim))

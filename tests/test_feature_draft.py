@@ -3,7 +3,7 @@ import pytest
 import torch
 
 import specdec_lab as sl
-from specdec_lab import feature_draft, kernels
+from specdec_lab import drafters, kernels
 from specdec_lab.distill import generate_data, sample_batch
 from specdec_lab.feature_draft import (FeatureDraft, FeatureDrafter, load_feature_draft, load_feature_shards,
                                        save_feature_draft, train_feature_draft)
@@ -53,7 +53,7 @@ def test_the_drafter_cache_matches_a_fresh_prefill_after_every_step(target, k, m
     # path (a draft whose head is the target's and whose layer passes states through) accepts all.
     # The eager forward on both sides: the one-call path's half-precision entries would differ from
     # a fresh prefill's float32 ones by rounding (test_one_call_path_matches_the_eager_forward).
-    monkeypatch.setattr(feature_draft, "ONE_CALL", False)
+    monkeypatch.setattr(drafters, "ONE_CALL", False)
     fd = FeatureDraft(target, seed=2).eval().requires_grad_(False)
     engine = sl.SpeculativeEngine(target, fd, k=k)
     seen = []
