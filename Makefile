@@ -34,11 +34,12 @@ demo: setup
 # The configuration docs/bench_full.json was measured with (36 minutes on 2 cores; about 90 on a day
 # the machine read memory at 11 GB/s, docs/bench_slow_memory.json): three
 # samples per prompt at temperature 0.7, where one answer per prompt leaves the figure to the seeds.
-# Those runs predate the shipped feature draft: without --no-feature-draft the bench also runs its
-# five systems (docs/bench_feature_draft.json is a side-by-side run of them).
+# Those runs predate the shipped feature draft and the self-draft: without --no-feature-draft and
+# --no-self-draft the bench also runs their systems (docs/bench_feature_draft.json and
+# docs/bench_self_draft.json are side-by-side runs of them).
 bench: setup
 	OMP_NUM_THREADS=1 $(PY) -m specdec_lab bench --prompts 24 --max-new-tokens 64 --ks 1-8 --threads 1 --samples 3 \
-		--no-feature-draft
+		--no-feature-draft --no-self-draft
 
 clean:
 	rm -rf $(VENV) .pytest_cache

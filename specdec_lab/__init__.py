@@ -22,6 +22,7 @@ from .kv_cache import KVCache
 from .metrics import RunStats, StepRecord
 from .model import Transformer, init_weights
 from .pair import ModelPair, default_draft_dir, load_default_pair, load_pair, tiny_model
+from .self_draft import SelfDraft
 from .verify import verify, verify_reference
 
 __all__ = [
@@ -30,4 +31,5 @@ __all__ = [
     "ModelPair", "default_draft_dir", "load_default_pair", "load_pair", "tiny_model", "verify",
     "verify_reference", "ModelDrafter", "NGramDrafter", "LookupThenModelDrafter",
     "FeatureDraft", "FeatureDrafter", "default_feature_draft_dir", "load_feature_draft", "shipped_feature_draft_dir",
+    "SelfDraft",
 ]

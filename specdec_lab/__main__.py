@@ -11,6 +11,13 @@ def _pair(args):
     return sl.load_default_pair(args.device)
 
 
+def _engine(args, pair):
+    """The speculative engine at --k: the pair's draft, or with --self-draft the target's own int8 weights."""
+    import specdec_lab as sl
+    draft = sl.SelfDraft(pair.target) if args.self_draft else pair.draft
+    return sl.SpeculativeEngine(pair.target, draft, k=args.k)
+
+
 def cmd_fetch(args):
     from .assets import ensure_default_target
     print(ensure_default_target())
@@ -27,8 +34,7 @@ def cmd_generate(args):
         res = sl.autoregressive_generate(target, args.prompt, max_new_tokens=args.max_new_tokens,
                                          temperature=args.temperature, top_p=args.top_p, seed=args.seed)
     else:
-        pair = _pair(args)
-        engine = sl.SpeculativeEngine(pair.target, pair.draft, k=args.k)
+        engine = _engine(args, _pair(args))
         res = engine.generate(args.prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                               top_p=args.top_p, seed=args.seed)
     s = res.stats
@@ -50,7 +56,7 @@ def compare_generate(args):
     if args.reps < 1:
         raise ValueError(f"--reps must be >= 1, got {args.reps}")
     pair = _pair(args)
-    engine = sl.SpeculativeEngine(pair.target, pair.draft, k=args.k)
+    engine = _engine(args, pair)
     kw = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p, seed=args.seed)
 
     def ar():
@@ -143,6 +149,8 @@ def add_bench_parser(sub):
                    "draft (default, for the default target: distill-features' output where it exists, "
                    "else the shipped one)")
     b.add_argument("--no-feature-draft", action="store_true", help="skip the feature draft's systems")
+    b.add_argument("--no-self-draft", action="store_true",
+                   help="skip the self-draft's systems (the target's own weights in int8 as its draft)")
     b.add_argument("--device", default="cpu")
     b.add_argument("--dtype", choices=["float32", "bfloat16", "float16"],
                    help="default float32 on CPU, bfloat16 on CUDA")
@@ -176,6 +184,8 @@ def main(argv=None):
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--target", help="hub id, folder or .gguf (default: SmolLM2-135M-Instruct)")
     g.add_argument("--draft", help="hub id or folder of the draft (default: the shipped draft)")
+    g.add_argument("--self-draft", action="store_true",
+                   help="draft with the target's own weights read as int8 (self_draft.py) instead of the draft")
     g.add_argument("--device", default="cpu")
     g.add_argument("--json", action="store_true", help="print one JSON document")
     g.add_argument("--compare", action="store_true",

@@ -33,6 +33,10 @@ forward; `verify_cost[K]` measures what it really costs, and
 The theorem also leaves out prefill, so each of our own systems carries
 `decode_speedup` (its decode loop against the autoregressive one, prefill excluded)
 and `decode_prediction_error_with_verify_cost`, the like-for-like comparison.
+Drafters that are not the shipped draft (the feature draft, the self-draft) have an alpha of
+their own: a fixed-K self-draft system carries `predicted_speedup_own`, the theorem with the
+alpha and c its own steps measured and v_K; the feature draft's acceptance falls with depth, so
+it carries none. `targets` reports the best system overall and the best with the shipped draft.
 
 The roofline: autoregressive decode reads every weight and the KV cache once per
 token, so bytes/token x tokens/s over the machine's read bandwidth is the fraction
@@ -63,6 +67,7 @@ from .engine import SpeculativeEngine, autoregressive_generate
 from .prompts import BENCH_KINDS, BENCH_PROMPTS
 from .roofline import expected_speedup, expected_tokens_per_step
 from .sampling import logits_to_probs
+from .self_draft import QuantizedDecoding, SelfDraft
 from .text import encode_prompt
 
 # ----------------------------------------------------------------------------- cost arithmetic (pure)
@@ -245,13 +250,18 @@ STOP_K, STOP_BELOW = 6, 0.2
 # before it), so Theorem 3.8's one alpha does not describe it.
 FEATURE_KS, FEATURE_STOP_K, FEATURE_LOOKUP_K = (3, 4, 5), 8, 4
 
+# The target's own weights in int8 as its draft (self_draft.py): it agrees with the target far
+# more often than a distilled draft and costs a quarter of a target forward, so longer drafts pay.
+SELF_KS = (4, 6, 8)
+
 
 def make_systems(target, draft, ks, adaptive=True, hf_target=None, hf_draft=None, fixed_c=None,
-                 verify_cost=None, refinements=True, feature_draft=None) -> list:
+                 verify_cost=None, refinements=True, feature_draft=None, self_draft=None) -> list:
     """The systems in their table order. `fixed_c` pins the adaptive controller's c (CUDA);
     `verify_cost` ({K: cost of a K+1-token forward over a one-token one}) is what it assumes
     a verification costs. `refinements` adds the early-stopping draft and lookup + draft;
-    `feature_draft` (a feature_draft.FeatureDraft) its systems at FEATURE_KS and with early stopping."""
+    `feature_draft` (a feature_draft.FeatureDraft) its systems at FEATURE_KS and with early stopping;
+    `self_draft` (a self_draft.SelfDraft) the target drafting for itself at SELF_KS."""
     eos = target.cfg.eos_token_ids
 
     def ar(ids, n, temperature, seed):
@@ -302,6 +312,22 @@ def make_systems(target, draft, ks, adaptive=True, hf_target=None, hf_draft=None
                 res = engine_f.generate(ids, max_new_tokens=n, temperature=temperature, seed=seed)
                 return res.tokens, res
             systems.append(System(name, label, spec_feature, k=k, drafts=True, k_max=k_max, theorem=False))
+    if self_draft is not None:
+        engine_s = SpeculativeEngine(target, self_draft, k=1)
+        for k in SELF_KS:
+            def spec_self(ids, n, temperature, seed, k=k):
+                res = engine_s.generate(ids, max_new_tokens=n, temperature=temperature, seed=seed, k=k)
+                return res.tokens, res
+            systems.append(System(f"spec_self_k{k}", f"self-draft {self_draft.weights}, K={k}", spec_self, k=k,
+                                  drafts=True, theorem=False))
+        # The same rounded weights decoding alone, nothing verified: faster, but another model's output
+        quantized = QuantizedDecoding(self_draft)
+
+        def rounded(ids, n, temperature, seed):
+            res = autoregressive_generate(quantized, ids, max_new_tokens=n, temperature=temperature, seed=seed)
+            return res.tokens, res
+        systems.append(System(f"{self_draft.weights}_decode", f"{self_draft.weights} decode alone, unverified",
+                              rounded))
     if hf_target is not None:
         from .weights import hf_generate
 
@@ -327,6 +353,7 @@ class BenchConfig:
     ks: tuple = tuple(range(1, 9))  # fixed draft lengths; adaptive K runs besides them
     adaptive: bool = True
     refinements: bool = True  # the early-stopping draft, and prompt lookup + draft (STOP_K, STOP_BELOW)
+    self_draft: bool = True  # the target's int8 weights as its own draft (SELF_KS), where the kernels allow
     hf: bool = True  # the transformers systems (need the HF models)
     seed: int = 0  # prompt i runs with seed + i, the same for every system
     samples: int = 1  # calls per prompt when sampling (temperature > 0), sample s with seed + i + SAMPLE_STRIDE s
@@ -464,7 +491,10 @@ def summarize_system(s: System, t: Tally, tallies: dict, alpha: float, costs: St
     if s.k_max is not None:  # K varies within a step's drafting: Theorem 3.8 has no single K to use
         out["k"] = f"<={s.k_max}"
         return out
-    if not s.theorem:
+    if not s.theorem:  # its own alpha and c, as run: the theorem with the figures this system measured
+        v = costs.verify_cost(s.k) if s.k in costs.verify else None
+        if out["alpha"] is not None and out["c"] is not None and s.k is not None:
+            out["predicted_speedup_own"] = predicted_speedup(out["alpha"], s.k, out["c"], v or 1.0)
         return out
     k_pred = s.k if s.k is not None else optimal_k(alpha, costs.c, 1, max(ks or (8,)))
     v = costs.verify_cost(k_pred) if k_pred in costs.verify else None
@@ -521,10 +551,15 @@ def _targets(results, roofline) -> dict:
         if not spec:
             continue
         best = max(spec, key=lambda n: sy[n]["tokens_per_second"])
-        tag = f"t{r['temperature']:g}"
+        tag, bar = f"t{r['temperature']:g}", 2.0 if r["temperature"] == 0 else 1.5
         out[f"{tag}_best_speculative"] = best
-        put(f"{tag}_best_speculative_vs_ar", sy[best]["vs_ar"], 2.0 if r["temperature"] == 0 else 1.5,
-            ci95=sy[best].get("vs_ar_ci95"))
+        put(f"{tag}_best_speculative_vs_ar", sy[best]["vs_ar"], bar, ci95=sy[best].get("vs_ar_ci95"))
+        # The same figure with the shipped distilled draft only (no feature draft, no self-draft)
+        shipped = [n for n in spec if not n.startswith(("spec_feat", "spec_self"))]
+        if shipped and shipped != spec:
+            best_s = max(shipped, key=lambda n: sy[n]["tokens_per_second"])
+            out[f"{tag}_best_with_shipped_draft"] = best_s
+            put(f"{tag}_best_with_shipped_draft_vs_ar", sy[best_s]["vs_ar"], bar, ci95=sy[best_s].get("vs_ar_ci95"))
         if "hf_assisted" in sy:
             put(f"{tag}_best_speculative_vs_hf_assisted", sy[best]["vs_hf_assisted"], 1.5)
         if "hf_generate" in sy:
@@ -553,11 +588,14 @@ def run_bench(target, draft, cfg: BenchConfig, hf_target=None, hf_draft=None, lo
     bandwidth, source = machine_bandwidth(device, cfg.quick)
     probe = BandwidthProbe(device)
     context = int(statistics.mean(len(p) for p in prompt_ids) + cfg.max_new_tokens / 2)
-    costs = measure_step_costs(target, draft, sorted(cfg.ks), context, cfg.cost_reps)
+    ks_timed = sorted(set(cfg.ks) | (set(SELF_KS) if cfg.self_draft else set()))  # v_K for the self-draft too
+    costs = measure_step_costs(target, draft, ks_timed, context, cfg.cost_reps)
     fixed_c = costs.c if device.type == "cuda" else None  # host clocks misplace GPU time (adaptive.py)
+    self_draft = make_self_draft(target, log) if cfg.self_draft else None
     systems = make_systems(target, draft, cfg.ks, cfg.adaptive, hf_target if cfg.hf else None,
                            hf_draft if cfg.hf else None, fixed_c,
-                           {k: costs.verify_cost(k) for k in costs.verify}, cfg.refinements, feature_draft)
+                           {k: costs.verify_cost(k) for k in costs.verify}, cfg.refinements, feature_draft,
+                           self_draft)
     results, ar_all = [], Tally()
     for temperature in cfg.temperatures:
         tallies = run_systems(systems, prompt_ids, cfg, temperature, clock, log, probe)
@@ -583,7 +621,8 @@ def run_bench(target, draft, cfg: BenchConfig, hf_target=None, hf_draft=None, lo
         "machine": {"device": str(device), "device_name": _device_name(device),
                     "threads": torch.get_num_threads(), "dtype": str(target.dtype).replace("torch.", "")},
         "models": {"target": _model_info(target), "draft": _model_info(draft),
-                   "feature_draft": None if feature_draft is None else _feature_draft_info(feature_draft)},
+                   "feature_draft": None if feature_draft is None else _feature_draft_info(feature_draft),
+                   "self_draft": None if self_draft is None else self_draft.weights},
         "costs": {"context": costs.context, "target_forward_seconds": costs.target_forward,
                   "draft_forward_seconds": costs.draft_forward, "c": costs.c,
                   "verify_seconds": costs.verify, "verify_cost": {k: costs.verify_cost(k) for k in costs.verify}},
@@ -591,6 +630,16 @@ def run_bench(target, draft, cfg: BenchConfig, hf_target=None, hf_draft=None, lo
         "results": results,
         "targets": _targets(results, rf),
     }
+
+
+def make_self_draft(target, log=None):
+    """SelfDraft(target) in int8, or None (with a line to `log`) where the kernels cannot run it."""
+    try:
+        return SelfDraft(target)
+    except ValueError as e:
+        if log:
+            log(f"no self-draft systems: {e}")
+        return None
 
 
 def _model_info(m) -> dict:
@@ -625,6 +674,8 @@ def format_table(doc) -> str:
     m, c, rf = doc["machine"], doc["costs"], doc["roofline"]
     mt, md, mf = doc["models"]["target"], doc["models"]["draft"], doc["models"].get("feature_draft")
     feature = f", feature draft {mf['params'] / 1e6:.1f}M" if mf else ""
+    if doc["models"].get("self_draft"):
+        feature += f", self-draft {doc['models']['self_draft']} (pred+v from its own alpha and c)"
     rows = [f"{m['device_name']}, {m['threads']} threads, {m['dtype']}; target {mt['params'] / 1e6:.0f}M "
             f"params, draft {md['params'] / 1e6:.1f}M{feature}; {doc['config']['num_prompts']} prompts, "
             f"up to {doc['config']['max_new_tokens']} new tokens each",
@@ -646,7 +697,7 @@ def format_table(doc) -> str:
                         f"{_f(s.get('mean_k'), '4.1f')} "
                         f"{_f(s.get('alpha'), '6.3f')} {_f(s.get('mean_tokens_per_step'), '8.2f')} "
                         f"{_f(s.get('c'), '6.3f')} {_f(s.get('predicted_speedup'), '5.2f')} "
-                        f"{_f(s.get('predicted_speedup_with_verify_cost'), '6.2f')} "
+                        f"{_f(s.get('predicted_speedup_with_verify_cost', s.get('predicted_speedup_own')), '6.2f')} "
                         f"{_f(s.get('measured_speedup'), '5.2f')} "
                         f"{_f(s.get('decode_speedup'), '5.2f')}")
         kinds = list(next(iter(r["systems"].values()))["by_kind"])
@@ -1059,6 +1110,8 @@ def _overrides(args) -> dict:
         o["adaptive"] = False
     if getattr(args, "no_refinements", False):
         o["refinements"] = False
+    if getattr(args, "no_self_draft", False):
+        o["self_draft"] = False
     if getattr(args, "samples", None) is not None:
         o["samples"] = args.samples
     return o

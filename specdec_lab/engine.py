@@ -23,6 +23,7 @@ from .drafters import ModelDrafter
 from .feature_draft import FeatureDraft, FeatureDrafter
 from .metrics import RunStats, StepRecord
 from .sampling import check_sampling_args, exponential_noise, logits_to_probs, make_generator, sample
+from .self_draft import SelfDraft, SelfDrafter
 from .text import encode_prompt
 from .verify import verify, verify_reference
 
@@ -110,7 +111,8 @@ class SpeculativeEngine:
     """Speculative decoding with a draft model (arXiv 2211.17192, 2302.01318).
 
     engine = SpeculativeEngine(target, draft, k=4); engine.generate(prompt, ...)
-    `draft` is a Transformer sharing the target's vocabulary, or any drafter object
+    `draft` is a Transformer sharing the target's vocabulary, a feature draft (feature_draft.py),
+    the target's own weights at lower precision (self_draft.SelfDraft), or any drafter object
     with the interface of drafters.py. `verifier="reference"` runs the readable
     loop (one sync per draft token) instead of the vectorised one, to compare;
     a function with verify's signature can be passed too (the notebooks pass broken ones).
@@ -140,7 +142,12 @@ class SpeculativeEngine:
         if isinstance(draft, FeatureDraft) and draft.state_width != target.cfg.dim:
             raise ValueError(f"the feature draft reads states of width {draft.state_width}; the target's are "
                              f"{target.cfg.dim}: build the draft for this target")
-        if isinstance(draft, FeatureDraft):
+        if isinstance(draft, SelfDraft):
+            if draft.target is not target:
+                raise ValueError("a SelfDraft drafts with the target's own weights and cache: build it from this "
+                                 "engine's target")
+            self.drafter = SelfDrafter(draft, self.cache)
+        elif isinstance(draft, FeatureDraft):
             self.drafter = FeatureDrafter(draft, self.max_seq_len, factory)
         else:
             self.drafter = ModelDrafter(draft, self.max_seq_len, factory) if hasattr(draft, "cfg") else draft

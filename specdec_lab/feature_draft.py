@@ -119,12 +119,12 @@ class FeatureDrafter:
         # one_call=None: wherever it applies, unless drafters.ONE_CALL is off (to compare with eager).
         self.one_call = None
         can = model.embed_weight.dtype == torch.float32 and OneTokenDecoder.supports(
-            model.body, self.cache, by_token=False, half=True)
+            model.body, self.cache, by_token=False, weights="float16")
         if one_call and not can:
             raise ValueError("one_call=True needs a float32 CPU feature draft, a contiguous KVCache and the "
                              "kernel library's half-precision decode (kernels.has_half())")
         if can and (one_call or (one_call is None and drafters.ONE_CALL)):  # one switch for both drafters
-            self.one_call = OneTokenDecoder(model.body, self.cache, by_token=False, half=True)
+            self.one_call = OneTokenDecoder(model.body, self.cache, by_token=False, weights="float16")
             dim = model.cfg.dim
             self._in_work, self._row = torch.empty(2 * dim), torch.empty(self.one_call.padded(dim))
 
@@ -147,7 +147,8 @@ class FeatureDrafter:
         m, dim = self.model, self.model.cfg.dim
         e, f = m.embed_weight[token].contiguous(), state.float().contiguous()  # a tied table: a column
         kernels.feature_input_half(e.data_ptr(), f.data_ptr(), m.embed_norm.weight.data_ptr(),
-                                   m.feat_norm.weight.data_ptr(), m.embed_norm.eps, m.fc.panel_weight(True).data_ptr(),
+                                   m.feat_norm.weight.data_ptr(), m.embed_norm.eps,
+                                   m.fc.panel_weight(torch.float16).data_ptr(),
                                    dim, self._in_work.data_ptr(), self._row.data_ptr())
         return self._row[:dim]
 

@@ -121,8 +121,8 @@ def _load():
                    + [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_long]  # caches, S, pos
                    + [ctypes.c_void_p, ctypes.c_void_p]  # cos, sin
                    + [ctypes.c_long] * 5 + [ctypes.c_float, ctypes.c_void_p, ctypes.c_void_p])
-    for name in ("decode_token", "decode_token_half"):
-        if hasattr(lib, name):  # the half one only where the compiler targets F16C
+    for name in ("decode_token", "decode_token_half", "decode_token_int8"):
+        if hasattr(lib, name):  # half only where the compiler targets F16C, int8 where it targets AVX2
             getattr(lib, name).restype = None
             getattr(lib, name).argtypes = decode_args
     if hasattr(lib, "feature_input_half"):
@@ -148,24 +148,49 @@ def panel_width() -> int:
     return _load().panel_width()
 
 
+def _aligned(numel: int, dtype) -> torch.Tensor:
+    """An empty 1-D tensor whose first element starts a 64-byte cache line."""
+    size = torch.tensor([], dtype=dtype).element_size()
+    buf = torch.empty(numel + 64 // size, dtype=dtype)
+    off = (-buf.data_ptr() // size) % (64 // size)
+    return buf[off:off + numel]
+
+
 def pack(w: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
     """W (K, N) float32 -> panels (ceil(N / PW), K, PW), zero-padded on the right, 64-byte aligned.
-    dtype=torch.float16 rounds the panels to half precision (decode_token_half reads them)."""
+    dtype=torch.float16 rounds the panels to half precision (decode_token_half reads them).
+    dtype=torch.int8 returns (ceil(N / PW), K * PW + 4 * PW) bytes: each panel's weights rounded to
+    int8 against a scale per column (the column's largest magnitude / 127), then the PW float32
+    scales (decode_token_int8 reads them); `unpack_int8` gives back the weights they stand for."""
     if w.dtype != torch.float32 or w.dim() != 2 or w.device.type != "cpu":
         raise ValueError(f"w must be a 2-D float32 CPU tensor, got {tuple(w.shape)} {w.dtype} on {w.device}")
-    if dtype not in (torch.float32, torch.float16):
-        raise ValueError(f"dtype must be torch.float32 or torch.float16, got {dtype}")
+    if dtype not in (torch.float32, torch.float16, torch.int8):
+        raise ValueError(f"dtype must be torch.float32, torch.float16 or torch.int8, got {dtype}")
     pw = panel_width()
     K, N = w.shape
     n_pad = -N % pw
     w = torch.nn.functional.pad(w.detach(), (0, n_pad)) if n_pad else w.detach().contiguous()
-    numel = K * (N + n_pad)
-    size = torch.tensor([], dtype=dtype).element_size()
-    buf = torch.empty(numel + 64 // size, dtype=dtype)
-    off = (-buf.data_ptr() // size) % (64 // size)  # whole 64-byte cache lines per panel row
-    panels = buf[off:off + numel].view((N + n_pad) // pw, K, pw)
-    panels.copy_(w.view(K, (N + n_pad) // pw, pw).transpose(0, 1))
+    n_panels = (N + n_pad) // pw
+    by_panel = w.view(K, n_panels, pw).transpose(0, 1)  # (panels, K, PW)
+    if dtype == torch.int8:
+        scale = by_panel.abs().amax(1) / 127.0  # (panels, PW)
+        scale = torch.where(scale > 0, scale, torch.ones_like(scale))  # an all-zero column stays zero
+        q = torch.round(by_panel / scale[:, None]).clamp_(-127, 127).to(torch.int8)  # (panels, K, PW)
+        out = _aligned(n_panels * (K * pw + 4 * pw), torch.int8).view(n_panels, K * pw + 4 * pw)
+        out[:, :K * pw] = q.reshape(n_panels, K * pw)
+        out[:, K * pw:] = scale.contiguous().view(torch.int8)  # the scales' bytes
+        return out
+    panels = _aligned(K * n_pad + K * N, dtype).view(n_panels, K, pw)
+    panels.copy_(by_panel)
     return panels
+
+
+def unpack_int8(packed: torch.Tensor, K: int, N: int) -> torch.Tensor:
+    """The float32 W (K, N) that pack(w, torch.int8)'s bytes stand for: scale times the int8 weight."""
+    pw = panel_width()
+    q = packed[:, :K * pw].reshape(-1, K, pw).float()
+    scale = packed[:, K * pw:].contiguous().view(torch.float32)  # (panels, PW)
+    return (q * scale[:, None]).transpose(0, 1).reshape(K, -1)[:, :N]
 
 
 def matmul(x: torch.Tensor, panels: torch.Tensor, n: int) -> torch.Tensor:
@@ -200,6 +225,16 @@ def has_half() -> bool:
 def decode_token_half(*args):
     """decode_token over half-precision panels (kernels.pack(w, torch.float16))."""
     _load().decode_token_half(*args)
+
+
+def has_int8() -> bool:
+    """Whether the library was built with decode_token_int8 (a compiler targeting AVX2)."""
+    return available() and hasattr(_lib, "decode_token_int8")
+
+
+def decode_token_int8(*args):
+    """decode_token over int8 panels with a scale per column (kernels.pack(w, torch.int8))."""
+    _load().decode_token_int8(*args)
 
 
 def feature_input_half(*args):

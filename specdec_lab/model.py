@@ -90,21 +90,17 @@ class Linear(nn.Module):
         self.weight = nn.Parameter(torch.empty(d_in, d_out))  # (in, out)
         self.bias = nn.Parameter(torch.zeros(d_out)) if bias else None
         self._packed, self._packed_key = None, None
-        self._panels, self._panels_key = None, None
-        self._half_panels, self._half_key = None, None
+        self._panels = {}  # dtype -> ((data_ptr, version) of W, its panels)
 
-    def panel_weight(self, half=False):
-        """The panel kernel's copy of W; half=True: rounded to float16 (OneTokenDecoder(half=True))."""
+    def panel_weight(self, dtype=torch.float32):
+        """The panel kernel's copy of W (kernels.pack): float32, or rounded to float16 or int8 for
+        OneTokenDecoder(weights=...). Each copy is rebuilt when W changes."""
         w = self.weight
         key = (w.data_ptr(), w._version)
-        if half:
-            if self._half_key != key:
-                self._half_panels, self._half_key = kernels.pack(w, torch.float16), key
-            return self._half_panels
-        if self._panels_key != key:
-            self._panels = kernels.pack(w)
-            self._panels_key = key
-        return self._panels
+        cached = self._panels.get(dtype)
+        if cached is None or cached[0] != key:
+            cached = self._panels[dtype] = (key, kernels.pack(w, dtype))
+        return cached[1]
 
     def packed_weight(self):
         w = self.weight
@@ -365,18 +361,26 @@ class OneTokenDecoder:
     which models and caches it takes: float32 on the CPU, untied embeddings, no biases, batch 1.
     Weights are re-read on every call, so a model trained after this was built is seen as it is.
 
-    half=True reads the products' weights rounded to float16 (`decode_token_half`): half the bytes,
-    the arithmetic still in float32, the logits no longer bit-for-bit the eager path's. For a draft
-    whose weights are streamed from memory for every token (feature_draft.py's, 36 MB in float32);
-    a draft's proposals only need to be likely, and verification keeps the output the target's."""
+    weights="float16" reads the products' weights rounded to half precision (`decode_token_half`),
+    weights="int8" rounded to int8 against a scale per output column (`decode_token_int8`): half or
+    a quarter of the bytes, the arithmetic still in float32, the logits no longer bit-for-bit the
+    eager path's. For a draft whose weights stream from memory for every token: feature_draft.py's
+    (36 MB in float32), or the target itself as its own draft (self_draft.py). A draft's proposals
+    only need to be likely; verification keeps the output the target's."""
+
+    WEIGHTS = {"float32": torch.float32, "float16": torch.float16, "int8": torch.int8}
 
     @staticmethod
-    def supports(model, cache, by_token=True, half=False) -> bool:
+    def supports(model, cache, by_token=True, weights="float32") -> bool:
         """by_token=False: only `embedded` calls, which need no embedding table of the model's own.
-        half=True: also the kernel library's half-precision decode (kernels.has_half())."""
+        weights="float16" / "int8": also the kernel library's decode for them (kernels.has_half(),
+        kernels.has_int8())."""
         head = model.head.proj if isinstance(model.head, VocabSubsetHead) else model.head
         linears = [head] + [m for b in model.layers for m in (b.attn.wqkv, b.attn.wo, b.mlp.w13, b.mlp.w2)]
-        return (PANEL_MATMUL and kernels.available() and (not half or kernels.has_half())
+        if weights not in OneTokenDecoder.WEIGHTS:
+            raise ValueError(f"weights must be one of {sorted(OneTokenDecoder.WEIGHTS)}, got {weights!r}")
+        built = {"float32": kernels.available, "float16": kernels.has_half, "int8": kernels.has_int8}[weights]
+        return (PANEL_MATMUL and built()
                 and (not by_token or (model.embed is not None and model.embed.weight.is_contiguous()
                                       and model.embed.weight.dtype == torch.float32))
                 and model.dtype == torch.float32 and model.device.type == "cpu"
@@ -384,11 +388,12 @@ class OneTokenDecoder:
                 and cache.k.is_contiguous() and cache.v.is_contiguous()
                 and all(m.bias is None and m.weight.is_contiguous() for m in linears))
 
-    def __init__(self, model, cache, by_token=True, half=False):
-        if not OneTokenDecoder.supports(model, cache, by_token, half):
-            raise ValueError("OneTokenDecoder needs a float32 CPU model with untied embeddings and no biases, "
-                             "a contiguous batch-1 float32 KVCache, and the kernel library (kernels.available(); "
-                             "with half=True, built for F16C: kernels.has_half())")
+    def __init__(self, model, cache, by_token=True, weights="float32"):
+        if not OneTokenDecoder.supports(model, cache, by_token, weights):
+            raise ValueError("OneTokenDecoder needs a float32 CPU model with untied embeddings (or by_token=False) "
+                             "and no biases, a contiguous batch-1 float32 KVCache, and the kernel library "
+                             "(kernels.available(); weights='float16' needs kernels.has_half(), 'int8' "
+                             "kernels.has_int8())")
         self.model, self.cache = model, cache
         cfg, pw = model.cfg, kernels.panel_width()
         self.padded = lambda n: -(-n // pw) * pw
@@ -396,16 +401,18 @@ class OneTokenDecoder:
         H, Hkv, D = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
         self.work = torch.empty(3 * p(cfg.dim) + p((H + 2 * Hkv) * D) + p(H * D) + p(2 * cfg.intermediate_size)
                                 + cache.capacity)
-        self._pointers, self._key, self.by_token, self.half = None, None, by_token, half
+        self._pointers, self._key, self.by_token, self.weights = None, None, by_token, weights
+        self._decode = {"float32": kernels.decode_token, "float16": kernels.decode_token_half,
+                        "int8": kernels.decode_token_int8}[weights]
 
     def _weights(self):
         m = self.model
         sub = isinstance(m.head, VocabSubsetHead)
         head = m.head.proj if sub else m.head
-        hf = self.half
-        layers = [(b.attn_norm.weight, b.attn.wqkv.panel_weight(hf), b.attn.wo.panel_weight(hf),
-                   b.mlp_norm.weight, b.mlp.w13.panel_weight(hf), b.mlp.w2.panel_weight(hf)) for b in m.layers]
-        return layers, m.norm.weight, head.panel_weight(hf), head.weight.shape[1]
+        dt = OneTokenDecoder.WEIGHTS[self.weights]
+        layers = [(b.attn_norm.weight, b.attn.wqkv.panel_weight(dt), b.attn.wo.panel_weight(dt),
+                   b.mlp_norm.weight, b.mlp.w13.panel_weight(dt), b.mlp.w2.panel_weight(dt)) for b in m.layers]
+        return layers, m.norm.weight, head.panel_weight(dt), head.weight.shape[1]
 
     def __call__(self, token: int) -> torch.Tensor:
         if not self.by_token:
@@ -440,7 +447,7 @@ class OneTokenDecoder:
         logits = torch.empty(n_out)
         cos, sin = m.rope_cos[pos], m.rope_sin[pos]  # (D,) each, the rotate-half layout
         H, Hkv, D = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-        (kernels.decode_token_half if self.half else kernels.decode_token)(
+        self._decode(
             row.data_ptr(), len(layers), *self._pointers, norm.data_ptr(), head_w.data_ptr(),
             n_out, cache.k.data_ptr(), cache.v.data_ptr(), cache.capacity, pos, cos.data_ptr(),
             sin.data_ptr(), cfg.dim, H, Hkv, D, cfg.intermediate_size, cfg.norm_eps, self.work.data_ptr(),

@@ -39,6 +39,15 @@ def test_empty_prompt_exits_with_code_2_and_names_the_prompt():
         "a bad prompt should give a one-line error naming it, not a traceback"
 
 
+@pytest.mark.slow
+def test_generate_with_the_self_draft_keeps_the_target_output_and_accepts_most_drafts(default_target):
+    proc = run_cli("generate", "--prompt", PROMPT, "--k", "6", "--self-draft", "--max-new-tokens", "16", "--json")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    doc = json.loads(proc.stdout)
+    assert doc["tokens"] == autoregressive_generate(default_target, PROMPT, max_new_tokens=16).tokens
+    assert doc["stats"]["acceptance_rate"] > 0.7, doc["stats"]
+
+
 def test_missing_prompt_is_a_usage_error():
     proc = run_cli("generate")
     assert proc.returncode == 2 and "--prompt" in proc.stderr

@@ -119,6 +119,18 @@ def exact_distribution(target, temperature, top_p):
     return probs
 
 
+def greedy_acceptance(engine, prompts, max_new_tokens=32):
+    """Checks every greedy answer against the target's own decoding; returns the fraction of
+    drafted tokens the target accepted over the prompts."""
+    drafted = accepted = 0
+    for prompt in prompts:
+        base = sl.autoregressive_generate(engine.target, prompt, max_new_tokens=max_new_tokens).tokens
+        res = engine.generate(prompt, max_new_tokens=max_new_tokens)
+        assert res.tokens == base, f"greedy output differs from the target's own on {prompt!r}"
+        drafted, accepted = drafted + res.stats.drafted, accepted + res.stats.accepted
+    return accepted / drafted
+
+
 def chi_square_pvalue(engine, probs, n, temperature, top_p, k):
     counts = dict.fromkeys(probs, 0)
     for seed in range(n):

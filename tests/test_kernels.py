@@ -79,15 +79,15 @@ def test_linear_takes_the_panel_kernel_at_one_thread_and_follows_weight_changes(
     x = torch.randn(1, 3, 64)
     with torch.no_grad():
         assert torch.allclose(lin(x), x @ lin.weight + lin.bias, atol=1e-4)
-        first = lin._panels
+        first = lin._panels.get(torch.float32)
         assert first is not None, "a few-row float32 product must go through the panel copy"
         lin.weight.mul_(-1)
         assert torch.allclose(lin(x), x @ lin.weight + lin.bias, atol=1e-4), "a stale panel copy was used"
-        assert lin._panels is not first
+        assert lin._panels[torch.float32] is not first
         many = torch.randn(1, kernels.MAX_ROWS + 1, 64)  # prefill: not the panel kernel
-        lin._panels = lin._panels_key = None
+        lin._panels = {}
         assert torch.allclose(lin(many), many @ lin.weight + lin.bias, atol=1e-4)
-        assert lin._panels is None
+        assert not lin._panels
     y = lin(x).sum()  # training: the plain product, which has a backward
     y.backward()
     assert lin.weight.grad is not None
@@ -120,7 +120,7 @@ def test_switched_off_or_without_a_compiler_the_model_still_runs(tmp_path):
             "    warnings.simplefilter('always')\n"
             "    lin = Linear(8, 8); torch.nn.init.normal_(lin.weight); x = torch.randn(1, 8)\n"
             "    with torch.no_grad(): y = lin(x)\n"
-            "print(kernels.available(), torch.allclose(y, x @ lin.weight), lin._panels is None,"
+            "print(kernels.available(), torch.allclose(y, x @ lin.weight), not lin._panels,"
             " any('panel kernel is unavailable' in str(m.message) for m in w))\n")
     off = _run(code, SPECDEC_LAB_KERNELS="0")
     assert off.returncode == 0, off.stderr
@@ -212,7 +212,7 @@ def test_one_token_decoder_follows_weight_changes_and_a_full_cache_changes_nothi
 
 def test_one_token_decoder_from_rows_and_in_half_precision():
     # embedded(row) is __call__(token) with the row given: bit for bit the same logits and state.
-    # half=True reads float16 panels: close to the float32 path, not equal to it. head=False
+    # weights="float16" reads float16 panels: close to the float32 path, not equal to it. head=False
     # writes the cache and the state, and computes no logits.
     from specdec_lab import kernels
     from specdec_lab.kv_cache import KVCache
@@ -239,9 +239,9 @@ def test_one_token_decoder_from_rows_and_in_half_precision():
     assert p16.dtype == torch.float16 and p16.data_ptr() % 64 == 0
     assert torch.equal(p16.float(), kernels.pack(w.half().float()))  # the same panels, rounded
     tied = tiny_model(0)  # no embedding table of its own: rows only
-    assert OneTokenDecoder.supports(tied, KVCache.for_model(tied.cfg, 8), by_token=False, half=True)
+    assert OneTokenDecoder.supports(tied, KVCache.for_model(tied.cfg, 8), by_token=False, weights="float16")
     c = KVCache.for_model(m.cfg, 8)
-    half = OneTokenDecoder(m, c, half=True)
+    half = OneTokenDecoder(m, c, weights="float16")
     for t in (3, 9, 4):
         y = half(t)
     ref = m(torch.tensor([[3, 9, 4]]))[0, -1]

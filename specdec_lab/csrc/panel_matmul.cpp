@@ -36,7 +36,7 @@
 #ifndef SPECDEC_LAB_SERIAL
 #include <ATen/Parallel.h>
 #endif
-#ifdef __F16C__
+#if defined(__F16C__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
@@ -169,6 +169,41 @@ static void product(const float *x, const unsigned short *P, float *y, long K, l
 }
 #endif
 
+#ifdef __AVX2__
+/* One row against int8 panels. Panel t is K * PW signed bytes, laid out as the float panels
+ * are, then PW float scales, one per output column: W[k][n] = scale[n] * Q[k][n]. The bytes are
+ * widened to float in registers, the products summed in float32, and each sum scaled once at
+ * the end. Two sets of accumulators (even and odd k), as in the half-precision product. */
+static void product(const float *x, const signed char *P, float *y, long K, long N) {
+    const long stride = K * PW + PW * (long)sizeof(float);  /* bytes per panel */
+    for (long t = 0; t < N / PW; t++) {
+        const signed char *p = P + t * stride;
+        const float *scale = (const float *)(p + K * PW);
+        __m256 a[8];
+        for (int i = 0; i < 8; i++) a[i] = _mm256_setzero_ps();
+#define WIDEN(ptr) _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(ptr))))
+        long k = 0;
+        for (; k + 1 < K; k += 2) {
+            const signed char *w = p + k * PW;
+            __builtin_prefetch(w + 4 * PREFETCH);
+            const __m256 x0 = _mm256_broadcast_ss(x + k), x1 = _mm256_broadcast_ss(x + k + 1);
+            for (int i = 0; i < 4; i++) {
+                a[i] = _mm256_fmadd_ps(x0, WIDEN(w + 8 * i), a[i]);
+                a[4 + i] = _mm256_fmadd_ps(x1, WIDEN(w + PW + 8 * i), a[4 + i]);
+            }
+        }
+        for (; k < K; k++) {
+            const __m256 x0 = _mm256_broadcast_ss(x + k);
+            for (int i = 0; i < 4; i++) a[i] = _mm256_fmadd_ps(x0, WIDEN(p + k * PW + 8 * i), a[i]);
+        }
+#undef WIDEN
+        for (int i = 0; i < 4; i++)
+            _mm256_storeu_ps(y + t * PW + 8 * i,
+                             _mm256_mul_ps(_mm256_add_ps(a[i], a[4 + i]), _mm256_loadu_ps(scale + 8 * i)));
+    }
+}
+#endif
+
 static void rotate(float *v, const float *cos, const float *sin, long D) {  /* one head, in place */
     const long half = D / 2;
     for (long i = 0; i < half; i++) {
@@ -264,4 +299,12 @@ extern "C" void feature_input_half(const float *embedding, const float *state, c
     rms_norm(state, 1, dim, state_norm, eps, work + dim);
     product(work, fc, out, 2 * dim, padded(dim));
 }
+#endif
+
+#ifdef __AVX2__
+/* decode_token_int8: the same forward over int8 panels with a float scale per output column (the
+ * layout above): a quarter of float32's bytes. model.OneTokenDecoder(weights="int8") drives it;
+ * self_draft.py runs the target itself this way as its own draft. Built only where the compiler
+ * targets AVX2 (kernels.has_int8()). */
+extern "C" void decode_token_int8(DECODE_ARGS(signed char)) { decode<signed char>(DECODE_PASS); }
 #endif
