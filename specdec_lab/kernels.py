@@ -11,7 +11,9 @@ third on this shared machine; the order of the kernels has not.) The file says h
 RMSNorm over the same few rows is in the library too: one call instead of several operators.
 So is `decode_token`, a small model's whole one-token forward in one call (model.OneTokenDecoder):
 the draft's layers are too narrow for their weights to matter, and its eager forward is the
-cost of launching some 200 operator calls.
+cost of launching some 200 operator calls. Its weights can also be read rounded to float16
+(`decode_token_half`, F16C) or to int8 with a scale per output column (`decode_token_int8`,
+AVX2): the target itself, read as int8, is its own draft in self_draft.py.
 
 It is compiled on first use with the C++ compiler at hand ($CXX, c++, g++ or clang++)
 into $SPECDEC_LAB_CACHE/kernels/, keyed by a hash of the source, the compiler, the flags,

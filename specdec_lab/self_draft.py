@@ -1,6 +1,6 @@
 """The target as its own draft: the same weights, read as int8 (self-speculative decoding).
 
-A distilled draft agrees with the default target's greedy choice on 55-61% of tokens
+A distilled draft agrees with the default target's greedy choice on 53-61% of tokens
 (draft/, feature_draft.py). The target's own weights rounded to int8, with a scale per
 output column (kernels.pack), agree far more often, and one token through them reads a
 quarter of the bytes: 134 MB instead of 540 MB for the default target. On a CPU whose
