@@ -588,10 +588,10 @@ def run_bench(target, draft, cfg: BenchConfig, hf_target=None, hf_draft=None, lo
     bandwidth, source = machine_bandwidth(device, cfg.quick)
     probe = BandwidthProbe(device)
     context = int(statistics.mean(len(p) for p in prompt_ids) + cfg.max_new_tokens / 2)
-    ks_timed = sorted(set(cfg.ks) | (set(SELF_KS) if cfg.self_draft else set()))  # v_K for the self-draft too
+    self_draft = make_self_draft(target, log) if cfg.self_draft else None
+    ks_timed = sorted(set(cfg.ks) | (set(SELF_KS) if self_draft else set()))  # v_K for the self-draft too
     costs = measure_step_costs(target, draft, ks_timed, context, cfg.cost_reps)
     fixed_c = costs.c if device.type == "cuda" else None  # host clocks misplace GPU time (adaptive.py)
-    self_draft = make_self_draft(target, log) if cfg.self_draft else None
     systems = make_systems(target, draft, cfg.ks, cfg.adaptive, hf_target if cfg.hf else None,
                            hf_draft if cfg.hf else None, fixed_c,
                            {k: costs.verify_cost(k) for k in costs.verify}, cfg.refinements, feature_draft,

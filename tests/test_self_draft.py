@@ -48,7 +48,7 @@ def test_the_int8_forward_is_the_float32_forward_of_the_weights_it_stands_for(ta
             if hasattr(mod, "panel_weight") and mod.weight.dim() == 2:
                 K, N = mod.weight.shape
                 mod.weight.copy_(kernels.unpack_int8(kernels.pack(mod.weight, torch.int8), K, N))
-    emb = target.head.weight.t().contiguous()
+    emb = SelfDraft(target).embedding  # the tied head's columns, as the drafter feeds them
     a, b = KVCache.for_model(target.cfg, 16), KVCache.for_model(target.cfg, 16)
     int8 = OneTokenDecoder(target, a, by_token=False, weights="int8")
     f32 = OneTokenDecoder(rounded, b, by_token=False)
