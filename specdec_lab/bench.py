@@ -891,26 +891,47 @@ def compare_caches(target, draft, prompts, k=4, max_new_tokens=64, block_size=16
 @torch.inference_mode()
 def profile_decode(target, context=100, steps=30, bandwidth=None) -> dict:
     """Where one autoregressive decode token's time goes: torch.profiler over `steps` one-token
-    forwards at `context` cached positions, split into matrix products (aten::mm, addmm and
-    oneDNN's linear) and everything else, and the rate at which the products stream the weights
-    against the machine's read bandwidth."""
+    forwards at `context` cached positions, split into matrix products (aten::mm, addmm, oneDNN's
+    linear and the panel kernel) and everything else, and the rate at which the products stream
+    the weights against the machine's read bandwidth. The profile is of the eager forward
+    (model.FUSED_FORWARD off): torch.profiler cannot see inside the fused forward's one call.
+    Both forwards are then timed without the profiler, interleaved, best of `steps` each:
+    eager_seconds and fused_seconds (None where the fused forward does not apply)."""
     from torch.profiler import ProfilerActivity, profile
     from .kv_cache import KVCache
+    from .roofline import best_seconds
     device = target.device
     cache = KVCache.for_model(target.cfg, context + 8, dtype=target.dtype, device=device)
     target(torch.randint(0, target.cfg.vocab_size, (1, context), device=device), cache=cache)
     tok = torch.zeros(1, 1, dtype=torch.long, device=device)
-    for _ in range(3):  # warm-up
+
+    def one_token():
         target(tok, cache=cache, last_only=True)
         cache.rollback(context)
+
+    def timed(fused: bool) -> float:
+        was, model_module.FUSED_FORWARD = model_module.FUSED_FORWARD, fused
+        try:
+            return best_seconds(one_token, 1, device)
+        finally:
+            model_module.FUSED_FORWARD = was
+
+    for _ in range(3):  # warm-up
+        one_token()
+    was, model_module.FUSED_FORWARD = model_module.FUSED_FORWARD, False
     kernels.RECORD = True
     try:
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             for _ in range(steps):
-                target(tok, cache=cache, last_only=True)
-                cache.rollback(context)
+                one_token()
     finally:
-        kernels.RECORD = False
+        kernels.RECORD, model_module.FUSED_FORWARD = False, was
+    fusable = model_module.fused_forward(target, tok, cache, None, None, None) is not None
+    eager, fused = [], []
+    for _ in range(steps):  # interleaved, so that both see the same machine
+        eager.append(timed(False))
+        if fusable:
+            fused.append(timed(True))
     events = prof.key_averages()
     total = sum(e.self_cpu_time_total for e in events) / steps / 1e6  # seconds per token
     products = sum(e.self_cpu_time_total for e in events
@@ -922,16 +943,23 @@ def profile_decode(target, context=100, steps=30, bandwidth=None) -> dict:
             "other_seconds": total - products, "product_share": products / total if total else 0.0,
             "weight_bytes": weight_bytes, "product_bytes_per_s": weight_bytes / products if products else 0.0,
             "bandwidth_bytes_per_s": bandwidth,
-            "product_fraction_of_bandwidth": weight_bytes / products / bandwidth if products else 0.0}
+            "product_fraction_of_bandwidth": weight_bytes / products / bandwidth if products else 0.0,
+            "eager_seconds": min(eager), "fused_seconds": min(fused) if fused else None}
 
 
 def format_profile(doc) -> str:
-    return (f"decode token at {doc['context']} cached positions ({doc['steps']} steps under torch.profiler): "
+    text = (f"eager decode token at {doc['context']} cached positions ({doc['steps']} steps under torch.profiler): "
             f"{doc['seconds_per_token'] * 1e3:.1f} ms; matrix products {doc['product_seconds'] * 1e3:.1f} ms "
             f"({doc['product_share']:.0%}), everything else {doc['other_seconds'] * 1e3:.1f} ms\n"
             f"the products stream {doc['weight_bytes'] / 1e6:.0f} MB of weights at "
             f"{doc['product_bytes_per_s'] / 1e9:.1f} GB/s = {doc['product_fraction_of_bandwidth']:.0%} of the "
-            f"measured read bandwidth ({doc['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s)")
+            f"measured read bandwidth ({doc['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s)\n"
+            f"without the profiler, best of {doc['steps']}: eager forward {doc['eager_seconds'] * 1e3:.1f} ms")
+    if doc["fused_seconds"] is not None:
+        text += (f", fused forward (one call) {doc['fused_seconds'] * 1e3:.1f} ms = "
+                 f"{doc['weight_bytes'] / doc['fused_seconds'] / 1e9:.1f} GB/s of weights "
+                 f"({doc['eager_seconds'] / doc['fused_seconds']:.2f}x faster)")
+    return text
 
 
 @torch.inference_mode()

@@ -126,7 +126,7 @@ class FeatureDrafter:
         if can and (one_call or (one_call is None and drafters.ONE_CALL)):  # one switch for both drafters
             self.one_call = OneTokenDecoder(model.body, self.cache, by_token=False, weights="float16")
             dim = model.cfg.dim
-            self._in_work, self._row = torch.empty(2 * dim), torch.empty(self.one_call.padded(dim))
+            self._in_work, self._row = torch.empty(2 * dim), torch.empty(self.one_call.fused.padded(dim))
 
     def reset(self):
         self.cache.reset()

@@ -9,11 +9,12 @@ reached 12.1 and 12.4 and oneDNN's packed one 11.5 and 14.3; for the 5 rows of a
 verification, 16.4 and 21.7 against oneDNN's 13.0 and 18.2. (Runs differ by up to a
 third on this shared machine; the order of the kernels has not.) The file says how it works.
 RMSNorm over the same few rows is in the library too: one call instead of several operators.
-So is `decode_token`, a small model's whole one-token forward in one call (model.OneTokenDecoder):
-the draft's layers are too narrow for their weights to matter, and its eager forward is the
-cost of launching some 200 operator calls. Its weights can also be read rounded to float16
-(`decode_token_half`, F16C) or to int8 with a scale per output column (`decode_token_int8`,
-AVX2): the target itself, read as int8, is its own draft in self_draft.py.
+So is `forward_rows`, a whole decoder's forward over a few rows in one call (model.FusedForward):
+a small draft's eager forward is the cost of launching some 200 operator calls, and even the
+target's 30 layers spent about a fifth of a one-token forward between its operators. Its
+weights can also be read rounded to float16 (`forward_rows_half`, F16C) or to int8 with a scale
+per output column (`forward_rows_int8`, AVX2): the target itself, read as int8, is its own
+draft in self_draft.py.
 
 It is compiled on first use with the C++ compiler at hand ($CXX, c++, g++ or clang++)
 into $SPECDEC_LAB_CACHE/kernels/, keyed by a hash of the source, the compiler, the flags,
@@ -118,12 +119,14 @@ def _load():
     lib.rms_norm.restype = None
     lib.rms_norm.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_float,
                              ctypes.c_void_p]
-    decode_args = ([ctypes.c_void_p, ctypes.c_long] + [ctypes.c_void_p] * 6
+    decode_args = ([ctypes.c_void_p, ctypes.c_long, ctypes.c_long] + [ctypes.c_void_p] * 6  # rows, R, layers
                    + [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long]  # final norm, head, n_out
                    + [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_long]  # caches, S, pos
                    + [ctypes.c_void_p, ctypes.c_void_p]  # cos, sin
                    + [ctypes.c_long] * 5 + [ctypes.c_float, ctypes.c_void_p, ctypes.c_void_p])
-    for name in ("decode_token", "decode_token_half", "decode_token_int8"):
+    lib.forward_work.restype = ctypes.c_long
+    lib.forward_work.argtypes = [ctypes.c_long] * 7
+    for name in ("forward_rows", "forward_rows_half", "forward_rows_int8"):
         if hasattr(lib, name):  # half only where the compiler targets F16C, int8 where it targets AVX2
             getattr(lib, name).restype = None
             getattr(lib, name).argtypes = decode_args
@@ -160,10 +163,10 @@ def _aligned(numel: int, dtype) -> torch.Tensor:
 
 def pack(w: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
     """W (K, N) float32 -> panels (ceil(N / PW), K, PW), zero-padded on the right, 64-byte aligned.
-    dtype=torch.float16 rounds the panels to half precision (decode_token_half reads them).
+    dtype=torch.float16 rounds the panels to half precision (forward_rows_half reads them).
     dtype=torch.int8 returns (ceil(N / PW), K * PW + 4 * PW) bytes: each panel's weights rounded to
     int8 against a scale per column (the column's largest magnitude / 127), then the PW float32
-    scales (decode_token_int8 reads them); `unpack_int8` gives back the weights they stand for."""
+    scales (forward_rows_int8 reads them); `unpack_int8` gives back the weights they stand for."""
     if w.dtype != torch.float32 or w.dim() != 2 or w.device.type != "cpu":
         raise ValueError(f"w must be a 2-D float32 CPU tensor, got {tuple(w.shape)} {w.dtype} on {w.device}")
     if dtype not in (torch.float32, torch.float16, torch.int8):
@@ -213,30 +216,36 @@ def matmul(x: torch.Tensor, panels: torch.Tensor, n: int) -> torch.Tensor:
     return y.view(*x.shape[:-1], n)
 
 
-def decode_token(*args):
-    """One token through a small decoder (csrc/panel_matmul.cpp, `decode_token`); model.OneTokenDecoder
-    gathers the arguments."""
-    _load().decode_token(*args)
+def forward_rows(*args):
+    """A few rows through a whole decoder (csrc/panel_matmul.cpp, `forward_rows`);
+    model.FusedForward gathers the arguments."""
+    _load().forward_rows(*args)
+
+
+def forward_work(rows: int, dim: int, n_heads: int, n_kv_heads: int, head_dim: int, intermediate: int,
+                 capacity: int) -> int:
+    """Floats of work buffer that forward_rows needs for `rows` rows and a cache of `capacity`."""
+    return _load().forward_work(rows, dim, n_heads, n_kv_heads, head_dim, intermediate, capacity)
 
 
 def has_half() -> bool:
-    """Whether the library was built with decode_token_half (a compiler targeting F16C)."""
-    return available() and hasattr(_lib, "decode_token_half")
+    """Whether the library was built with forward_rows_half (a compiler targeting F16C)."""
+    return available() and hasattr(_lib, "forward_rows_half")
 
 
-def decode_token_half(*args):
-    """decode_token over half-precision panels (kernels.pack(w, torch.float16))."""
-    _load().decode_token_half(*args)
+def forward_rows_half(*args):
+    """forward_rows over half-precision panels (kernels.pack(w, torch.float16))."""
+    _load().forward_rows_half(*args)
 
 
 def has_int8() -> bool:
-    """Whether the library was built with decode_token_int8 (a compiler targeting AVX2)."""
-    return available() and hasattr(_lib, "decode_token_int8")
+    """Whether the library was built with forward_rows_int8 (a compiler targeting AVX2)."""
+    return available() and hasattr(_lib, "forward_rows_int8")
 
 
-def decode_token_int8(*args):
-    """decode_token over int8 panels with a scale per column (kernels.pack(w, torch.int8))."""
-    _load().decode_token_int8(*args)
+def forward_rows_int8(*args):
+    """forward_rows over int8 panels with a scale per column (kernels.pack(w, torch.int8))."""
+    _load().forward_rows_int8(*args)
 
 
 def feature_input_half(*args):

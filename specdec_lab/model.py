@@ -14,6 +14,7 @@ which is what batch-1 decode on a CPU wants. Weight matrices are stored
 """
 import ctypes
 import math
+import weakref
 
 import torch
 import torch.nn as nn
@@ -49,6 +50,11 @@ PANEL_MATMUL = True
 # Set to False to compare.
 PACKED_MATMUL = True
 _PACK_ROWS_HINT = 5  # the row count oneDNN tunes the layout for; it serves any row count
+
+# A float32 forward over a few rows with a contiguous cache (decode's one token, verification's
+# K+1) runs as one call into the kernel library: FusedForward, the same products with none of
+# the eager forward's operator calls between them. Set to False to compare.
+FUSED_FORWARD = True
 
 
 _HAVE_PACKING = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
@@ -320,6 +326,11 @@ class Transformer(nn.Module):
         """The final normalised hidden states (B, T, dim), before the output head.
         `embeds` (B, T, dim) replaces the token embeddings (feature_draft.py builds its own)."""
         B, T = tokens.shape
+        fused = fused_forward(self, tokens, cache, mask, input_pos, embeds)
+        if fused is not None:  # a few rows of decode or verification: one call (FUSED_FORWARD)
+            x = self.embed_tokens(tokens) if embeds is None else embeds
+            fused(x[0].contiguous(), cache, head=False)
+            return fused.hidden_states().clone().view(1, T, -1)
         start = cache.length if cache is not None else 0
         if input_pos is None:
             input_pos = torch.arange(start, start + T, device=tokens.device)
@@ -350,43 +361,163 @@ def init_weights(model: Transformer, seed: int = 0, std: float = 0.02) -> Transf
     return model
 
 
-class OneTokenDecoder:
-    """A small model's one-token forward as one call into the kernel library (kernels.py,
-    `decode_token`), writing the token's keys and values into a contiguous KVCache.
+class FusedForward:
+    """A model's forward over a few rows (decode's one token, verification's K+1) as one call
+    into the kernel library (kernels.py, `forward_rows`), writing their keys and values into a
+    contiguous batch-1 KVCache at its length and advancing it.
 
-    A draft of a few narrow layers spends its forward launching some 200 small operator calls,
-    not reading its few megabytes of weights; this runs the same arithmetic with none in
-    between. It returns what `model(token, cache=cache, last_only=True)[0, -1]` returns (to
-    rounding in attention) and advances the cache by one. `OneTokenDecoder.supports` says
-    which models and caches it takes: float32 on the CPU, untied embeddings, no biases, batch 1.
-    Weights are re-read on every call, so a model trained after this was built is seen as it is.
+    The eager forward of the default target is some 450 operator calls a token; this runs the
+    same arithmetic with none in between (see FUSED_FORWARD for what that bought). Each row's
+    result is bit-for-bit the same whatever the number of rows, so a token decoded alone and the
+    same token inside a verification pass get the same logits; both agree with the eager path
+    to rounding in attention. `FusedForward.supports` says which models it takes: float32 on the
+    CPU, no biases, and the kernel library.
 
-    weights="float16" reads the products' weights rounded to half precision (`decode_token_half`),
-    weights="int8" rounded to int8 against a scale per output column (`decode_token_int8`): half or
-    a quarter of the bytes, the arithmetic still in float32, the logits no longer bit-for-bit the
-    eager path's. For a draft whose weights stream from memory for every token: feature_draft.py's
-    (36 MB in float32), or the target itself as its own draft (self_draft.py). A draft's proposals
-    only need to be likely; verification keeps the output the target's."""
+    weights="float16" reads the products' weights rounded to half precision (`forward_rows_half`),
+    weights="int8" rounded to int8 against a scale per output column (`forward_rows_int8`): half or
+    a quarter of the bytes, the arithmetic still in float32, the logits no longer the eager
+    path's. For a draft whose weights stream from memory for every token: feature_draft.py's
+    (36 MB in float32), or the target itself as its own draft (self_draft.py). A draft's
+    proposals only need to be likely; verification keeps the output the target's.
+    Weights are re-read on every call, so a model trained after this was built is seen as it is."""
 
     WEIGHTS = {"float32": torch.float32, "float16": torch.float16, "int8": torch.int8}
 
     @staticmethod
-    def supports(model, cache, by_token=True, weights="float32") -> bool:
-        """by_token=False: only `embedded` calls, which need no embedding table of the model's own.
-        weights="float16" / "int8": also the kernel library's decode for them (kernels.has_half(),
-        kernels.has_int8())."""
+    def supports(model, weights="float32") -> bool:
+        """The model and the kernel library: float32 on the CPU, no biases, and for weights="float16"
+        / "int8" the library's forward for them (kernels.has_half(), kernels.has_int8())."""
+        if weights not in FusedForward.WEIGHTS:
+            raise ValueError(f"weights must be one of {sorted(FusedForward.WEIGHTS)}, got {weights!r}")
         head = model.head.proj if isinstance(model.head, VocabSubsetHead) else model.head
         linears = [head] + [m for b in model.layers for m in (b.attn.wqkv, b.attn.wo, b.mlp.w13, b.mlp.w2)]
-        if weights not in OneTokenDecoder.WEIGHTS:
-            raise ValueError(f"weights must be one of {sorted(OneTokenDecoder.WEIGHTS)}, got {weights!r}")
         built = {"float32": kernels.available, "float16": kernels.has_half, "int8": kernels.has_int8}[weights]
-        return (PANEL_MATMUL and built()
-                and (not by_token or (model.embed is not None and model.embed.weight.is_contiguous()
-                                      and model.embed.weight.dtype == torch.float32))
-                and model.dtype == torch.float32 and model.device.type == "cpu"
-                and type(cache) is KVCache and cache.k.shape[1] == 1 and cache.k.dtype == torch.float32
-                and cache.k.is_contiguous() and cache.v.is_contiguous()
+        return (PANEL_MATMUL and built() and model.dtype == torch.float32 and model.device.type == "cpu"
                 and all(m.bias is None and m.weight.is_contiguous() for m in linears))
+
+    @staticmethod
+    def supports_cache(cache) -> bool:
+        """A contiguous batch-1 float32 KVCache (not a paged one)."""
+        return (type(cache) is KVCache and cache.k.shape[1] == 1 and cache.k.dtype == torch.float32
+                and cache.k.is_contiguous() and cache.v.is_contiguous())
+
+    def __init__(self, model, weights="float32"):
+        if not FusedForward.supports(model, weights):
+            raise ValueError("FusedForward needs a float32 CPU model without biases and the kernel library "
+                             "(kernels.available(); weights='float16' needs kernels.has_half(), 'int8' "
+                             "kernels.has_int8())")
+        self.model, self.weights = model, weights
+        self.work = torch.empty(0)
+        self._rows = 0  # rows of the last call, whose hidden states `work` holds
+        self._pointers, self._key = None, None
+        self._forward = {"float32": kernels.forward_rows, "float16": kernels.forward_rows_half,
+                         "int8": kernels.forward_rows_int8}[weights]
+        self.padded = lambda n, pw=kernels.panel_width(): -(-n // pw) * pw
+
+    def _weights(self):
+        m = self.model
+        head = m.head.proj if isinstance(m.head, VocabSubsetHead) else m.head
+        dt = FusedForward.WEIGHTS[self.weights]
+        layers = [(b.attn_norm.weight, b.attn.wqkv.panel_weight(dt), b.attn.wo.panel_weight(dt),
+                   b.mlp_norm.weight, b.mlp.w13.panel_weight(dt), b.mlp.w2.panel_weight(dt)) for b in m.layers]
+        return layers, m.norm.weight, head.panel_weight(dt), head.weight.shape[1]
+
+    def __call__(self, rows: torch.Tensor, cache: KVCache, head: bool = True):
+        """rows (R, dim) float32: input rows (token embeddings, or a feature draft's own) at positions
+        cache.length .. + R - 1. Returns the logits (R, V), or None with head=False (a row whose
+        logits nobody reads costs only the layers); `hidden_states()` gives the final normalised
+        hidden states either way."""
+        m, cfg = self.model, self.model.cfg
+        if rows.dim() != 2 or rows.shape[1] != cfg.dim or rows.dtype != torch.float32 or not rows.is_contiguous():
+            raise ValueError(f"rows must be a contiguous float32 tensor of shape (R, {cfg.dim}), "
+                             f"got {tuple(rows.shape)} {rows.dtype}")
+        R = rows.shape[0]
+        if not 1 <= R <= kernels.MAX_ROWS:
+            raise ValueError(f"rows must hold 1 to {kernels.MAX_ROWS} rows, got {R}")
+        if not FusedForward.supports_cache(cache):
+            raise ValueError("cache must be a contiguous batch-1 float32 KVCache")
+        cache.reserve(R)
+        pos = cache.length
+        if pos + R > m.rope_cos.shape[0]:
+            raise ValueError(f"positions up to {pos + R} exceed the rotary table ({m.rope_cos.shape[0]})")
+        layers, norm, head_w, n = self._weights()  # panels are rebuilt only when a weight changed
+        key = tuple(t.data_ptr() for group in layers for t in group) + (norm.data_ptr(), head_w.data_ptr())
+        if key != self._key:  # one pointer array per kind of weight, kept while the weights stay put
+            self._pointers = [(ctypes.c_void_p * len(layers))(*[group[i].data_ptr() for group in layers])
+                              for i in range(6)]
+            self._key = key
+        H, Hkv, D = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        need = kernels.forward_work(R, cfg.dim, H, Hkv, D, cfg.intermediate_size, cache.capacity)
+        if self.work.numel() < need:
+            self.work = torch.empty(need)
+        n_out = self.padded(n) if head else 0
+        logits = torch.empty(R, n_out)
+        cos, sin = m.rope_cos[pos:pos + R], m.rope_sin[pos:pos + R]  # (R, D), the rotate-half layout
+        self._forward(
+            rows.data_ptr(), R, len(layers), *self._pointers, norm.data_ptr(), head_w.data_ptr(),
+            n_out, cache.k.data_ptr(), cache.v.data_ptr(), cache.capacity, pos, cos.data_ptr(),
+            sin.data_ptr(), cfg.dim, H, Hkv, D, cfg.intermediate_size, cfg.norm_eps, self.work.data_ptr(),
+            logits.data_ptr())
+        cache.advance(R)
+        self._rows = R
+        if not head:
+            return None
+        y = logits[:, :n]
+        if isinstance(m.head, VocabSubsetHead):
+            return y.new_full((R, m.head.vocab_size), float("-inf")).index_copy_(1, m.head.ids, y)
+        return y
+
+    def hidden_states(self) -> torch.Tensor:
+        """The last call's final normalised hidden states (R, dim): what Transformer.hidden returns for
+        those rows. A view of the work buffer, overwritten by the next call."""
+        dim, R = self.model.cfg.dim, self._rows
+        return self.work[R * dim:2 * R * dim].view(R, dim)
+
+
+# The model each FusedForward belongs to (Transformer.hidden builds one on first use; False where
+# the model is not supported). Kept outside the module so that copying a model copies no ctypes state.
+_FUSED = weakref.WeakKeyDictionary()
+
+
+def fused_forward(model, tokens, cache, mask, input_pos, embeds):
+    """model's FusedForward where Transformer.hidden may use it for this call, else None: batch 1,
+    1..kernels.MAX_ROWS tokens, a contiguous cache, the default causal mask and positions, and
+    nothing to differentiate."""
+    if not (FUSED_FORWARD and PANEL_MATMUL and mask is None and tokens.shape[0] == 1
+            and 1 <= tokens.shape[1] <= kernels.MAX_ROWS and FusedForward.supports_cache(cache)
+            and not (torch.is_grad_enabled() and model.head.weight.requires_grad)
+            and (embeds is None or (embeds.dtype == torch.float32 and embeds.shape[0] == 1))
+            and model.dtype == torch.float32 and model.device.type == "cpu"
+            and (kernels.threaded() or torch.get_num_threads() == 1)):
+        return None
+    if input_pos is not None and input_pos.tolist() != list(range(cache.length, cache.length + tokens.shape[1])):
+        return None
+    fused = _FUSED.get(model)
+    if fused is None:
+        fused = _FUSED[model] = FusedForward(model) if FusedForward.supports(model) else False
+    return fused or None
+
+
+class OneTokenDecoder:
+    """One token at a time through FusedForward, into a cache fixed at construction: how the
+    drafters run a draft (drafters.py, feature_draft.py, self_draft.py). A draft of a few narrow
+    layers spends its eager forward launching some 200 small operator calls, not reading its few
+    megabytes of weights. `OneTokenDecoder(model, cache)(token)` returns what
+    `model(token, cache=cache, last_only=True)[0, -1]` returns (to rounding in attention) and
+    advances the cache by one; `embedded(row)` takes an input row in place of a token.
+    `OneTokenDecoder.supports` says which models and caches it takes: FusedForward's, with a
+    contiguous embedding table of the model's own for by_token calls (not a tied one)."""
+
+    WEIGHTS = FusedForward.WEIGHTS
+
+    @staticmethod
+    def supports(model, cache, by_token=True, weights="float32") -> bool:
+        """by_token=False: only `embedded` calls, which need no embedding table of the model's own.
+        weights="float16" / "int8": also the kernel library's forward for them (kernels.has_half(),
+        kernels.has_int8())."""
+        return (FusedForward.supports(model, weights) and FusedForward.supports_cache(cache)
+                and (not by_token or (model.embed is not None and model.embed.weight.is_contiguous()
+                                      and model.embed.weight.dtype == torch.float32)))
 
     def __init__(self, model, cache, by_token=True, weights="float32"):
         if not OneTokenDecoder.supports(model, cache, by_token, weights):
@@ -394,25 +525,8 @@ class OneTokenDecoder:
                              "and no biases, a contiguous batch-1 float32 KVCache, and the kernel library "
                              "(kernels.available(); weights='float16' needs kernels.has_half(), 'int8' "
                              "kernels.has_int8())")
-        self.model, self.cache = model, cache
-        cfg, pw = model.cfg, kernels.panel_width()
-        self.padded = lambda n: -(-n // pw) * pw
-        p = self.padded
-        H, Hkv, D = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-        self.work = torch.empty(3 * p(cfg.dim) + p((H + 2 * Hkv) * D) + p(H * D) + p(2 * cfg.intermediate_size)
-                                + cache.capacity)
-        self._pointers, self._key, self.by_token, self.weights = None, None, by_token, weights
-        self._decode = {"float32": kernels.decode_token, "float16": kernels.decode_token_half,
-                        "int8": kernels.decode_token_int8}[weights]
-
-    def _weights(self):
-        m = self.model
-        sub = isinstance(m.head, VocabSubsetHead)
-        head = m.head.proj if sub else m.head
-        dt = OneTokenDecoder.WEIGHTS[self.weights]
-        layers = [(b.attn_norm.weight, b.attn.wqkv.panel_weight(dt), b.attn.wo.panel_weight(dt),
-                   b.mlp_norm.weight, b.mlp.w13.panel_weight(dt), b.mlp.w2.panel_weight(dt)) for b in m.layers]
-        return layers, m.norm.weight, head.panel_weight(dt), head.weight.shape[1]
+        self.model, self.cache, self.by_token, self.weights = model, cache, by_token, weights
+        self.fused = FusedForward(model, weights)
 
     def __call__(self, token: int) -> torch.Tensor:
         if not self.by_token:
@@ -425,37 +539,15 @@ class OneTokenDecoder:
     def state(self) -> torch.Tensor:
         """The last call's final normalised hidden state (dim,): what Transformer.hidden returns
         for that row. A view of the work buffer, overwritten by the next call."""
-        return self.work[self.padded(self.model.cfg.dim):][:self.model.cfg.dim]
+        return self.fused.hidden_states()[0]
 
     def embedded(self, row: torch.Tensor, head: bool = True):
         """The same forward from an input row (dim,) float32 in place of a token's embedding
         (feature_draft.py builds its own). head=False skips the output head and returns None:
         a row whose logits nobody reads costs only the layers."""
-        m, cache, cfg = self.model, self.cache, self.model.cfg
-        if row.shape != (cfg.dim,) or row.dtype != torch.float32 or not row.is_contiguous():
-            raise ValueError(f"row must be a contiguous float32 tensor of shape ({cfg.dim},), "
+        dim = self.model.cfg.dim
+        if row.shape != (dim,) or row.dtype != torch.float32 or not row.is_contiguous():
+            raise ValueError(f"row must be a contiguous float32 tensor of shape ({dim},), "
                              f"got {tuple(row.shape)} {row.dtype}")
-        cache.reserve(1)
-        layers, norm, head_w, n = self._weights()  # panels are rebuilt only when a weight changed
-        key = tuple(t.data_ptr() for group in layers for t in group) + (norm.data_ptr(), head_w.data_ptr())
-        if key != self._key:  # one pointer array per kind of weight, kept while the weights stay put
-            self._pointers = [(ctypes.c_void_p * len(layers))(*[group[i].data_ptr() for group in layers])
-                              for i in range(6)]
-            self._key = key
-        pos = cache.length
-        n_out = self.padded(n) if head else 0
-        logits = torch.empty(n_out)
-        cos, sin = m.rope_cos[pos], m.rope_sin[pos]  # (D,) each, the rotate-half layout
-        H, Hkv, D = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-        self._decode(
-            row.data_ptr(), len(layers), *self._pointers, norm.data_ptr(), head_w.data_ptr(),
-            n_out, cache.k.data_ptr(), cache.v.data_ptr(), cache.capacity, pos, cos.data_ptr(),
-            sin.data_ptr(), cfg.dim, H, Hkv, D, cfg.intermediate_size, cfg.norm_eps, self.work.data_ptr(),
-            logits.data_ptr())
-        cache.advance(1)
-        if not head:
-            return None
-        y = logits[:n]
-        if isinstance(m.head, VocabSubsetHead):
-            return y.new_full((m.head.vocab_size,), float("-inf")).index_copy_(0, m.head.ids, y)
-        return y
+        y = self.fused(row.view(1, dim), self.cache, head)
+        return None if y is None else y[0]

@@ -414,14 +414,18 @@ def test_profile_decode_splits_a_token_into_products_and_the_rest():
     assert doc["weight_bytes"] == bench.streamed_weight_bytes(t.cfg, 4)
     assert doc["product_fraction_of_bandwidth"] == pytest.approx(doc["product_bytes_per_s"] / 1e10)
     assert "matrix products" in bench.format_profile(doc)
+    assert doc["eager_seconds"] > 0
     from specdec_lab import kernels
     if kernels.available():  # the panel kernel's products are counted as products, not as the rest
+        assert doc["fused_seconds"] > 0 and "fused forward" in bench.format_profile(doc)
+        assert model_module.FUSED_FORWARD, "profile_decode must restore the switch"
         model_module.PANEL_MATMUL = False
         try:
             without = bench.profile_decode(t, context=8, steps=3, bandwidth=1e10)
         finally:
             model_module.PANEL_MATMUL = True
         assert doc["product_share"] > 0.5 * without["product_share"]
+        assert without["fused_seconds"] is None  # the fused forward is built on the panel kernel
 
 
 def test_compare_kernels_times_every_product_kind_through_every_kernel():

@@ -149,7 +149,7 @@ def test_rms_norm_equals_the_formula_and_the_module_uses_it_for_few_rows():
     assert norm.weight.grad is not None
 
 
-# ----------------------------------------------------------------------------- one token in one call
+# ----------------------------------------------------------------------------- a forward in one call
 
 def _untied(seed=0, **kw):
     from specdec_lab.pair import tiny_model
@@ -162,7 +162,8 @@ def _untied(seed=0, **kw):
     dict(vocab_size=70, dim=32, n_heads=2, n_kv_heads=2, n_layers=1, rope_theta=10000.0),
 ])
 @pytest.mark.parametrize("subset", [False, True])
-def test_one_token_decoder_matches_the_eager_forward_and_writes_the_same_cache(shape, subset):
+def test_one_token_decoder_matches_the_eager_forward_and_writes_the_same_cache(shape, subset, monkeypatch):
+    monkeypatch.setattr(model_module, "FUSED_FORWARD", False)  # m(...) below: the eager forward
     from specdec_lab.kv_cache import KVCache
     from specdec_lab.model import OneTokenDecoder, restrict_vocab
     m = _untied(3, **shape)
@@ -186,7 +187,8 @@ def test_one_token_decoder_matches_the_eager_forward_and_writes_the_same_cache(s
     assert torch.allclose(eager.v[:, :, :, :n], fused.v[:, :, :, :n], atol=1e-5)
 
 
-def test_one_token_decoder_follows_weight_changes_and_a_full_cache_changes_nothing():
+def test_one_token_decoder_follows_weight_changes_and_a_full_cache_changes_nothing(monkeypatch):
+    monkeypatch.setattr(model_module, "FUSED_FORWARD", False)
     from specdec_lab.kv_cache import CacheOverflowError, KVCache
     from specdec_lab.model import OneTokenDecoder
     m = _untied(1)
@@ -210,7 +212,8 @@ def test_one_token_decoder_follows_weight_changes_and_a_full_cache_changes_nothi
         decoder(m.cfg.vocab_size)
 
 
-def test_one_token_decoder_from_rows_and_in_half_precision():
+def test_one_token_decoder_from_rows_and_in_half_precision(monkeypatch):
+    monkeypatch.setattr(model_module, "FUSED_FORWARD", False)
     # embedded(row) is __call__(token) with the row given: bit for bit the same logits and state.
     # weights="float16" reads float16 panels: close to the float32 path, not equal to it. head=False
     # writes the cache and the state, and computes no logits.
@@ -286,3 +289,114 @@ def test_drafters_propose_the_same_with_and_without_the_one_call_path(temperatur
     for a, b in zip(runs[False], runs[True]):
         assert a.tokens == b.tokens
         assert [(r.k, r.num_accepted) for r in a.steps] == [(r.k, r.num_accepted) for r in b.steps]
+
+
+# The target's own forward over a few rows (decode and verification) goes through FusedForward.
+
+SHAPES = [dict(), dict(vocab_size=100, dim=48, n_heads=6, n_kv_heads=1, n_layers=3)]
+
+
+def _forward(m, x, cache, fused, monkeypatch):
+    monkeypatch.setattr(model_module, "FUSED_FORWARD", fused)
+    assert (model_module.fused_forward(m, x, cache, None, None, None) is not None) == fused
+    return m(x, cache=cache)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("tied", [True, False])
+def test_fused_forward_matches_the_eager_forward_over_a_few_rows(shape, tied, monkeypatch):
+    from specdec_lab.kv_cache import KVCache
+    from specdec_lab.pair import tiny_model
+    m = tiny_model(4, tie_embeddings=tied, **shape)
+    g = torch.Generator().manual_seed(1)
+    eager, fused = KVCache.for_model(m.cfg, 80), KVCache.for_model(m.cfg, 80)
+    prompt = torch.randint(0, m.cfg.vocab_size, (1, 20), generator=g)
+    _forward(m, prompt, eager, False, monkeypatch)  # 20 rows: the eager forward either way
+    _forward(m, prompt, fused, False, monkeypatch)
+    for T in (1, 2, 5, 9, 16):
+        x = torch.randint(0, m.cfg.vocab_size, (1, T), generator=g)
+        a = _forward(m, x, eager, False, monkeypatch)
+        b = _forward(m, x, fused, True, monkeypatch)
+        assert b.shape == a.shape == (1, T, m.cfg.vocab_size)
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-4), f"T={T}: {(a - b).abs().max()}"
+        assert fused.length == eager.length
+    n = eager.length
+    assert torch.allclose(eager.k[..., :n, :], fused.k[..., :n, :], rtol=1e-4, atol=1e-4)
+    assert torch.allclose(eager.v[..., :n, :], fused.v[..., :n, :], rtol=1e-4, atol=1e-4)
+    monkeypatch.setattr(model_module, "FUSED_FORWARD", True)
+    h = m.hidden(torch.tensor([[1, 2]]), cache=fused)
+    h_copy = h.clone()
+    m.hidden(torch.tensor([[3]]), cache=fused)
+    assert torch.equal(h, h_copy), "hidden() must not hand out the fused forward's work buffer"
+
+
+def test_a_fused_row_is_bit_for_bit_the_same_whatever_the_row_count(monkeypatch):
+    """Greedy speculative decoding equals autoregressive decoding only if a token's logits do not
+    depend on how many tokens the forward held: decode holds one, verification K+1."""
+    from specdec_lab.kv_cache import KVCache
+    from specdec_lab.pair import tiny_model
+    m = tiny_model(5, **SHAPES[1])
+    cache = KVCache.for_model(m.cfg, 64)
+    m(torch.randint(0, 100, (1, 30), generator=torch.Generator().manual_seed(2)), cache=cache)
+    x = torch.randint(0, 100, (1, 9), generator=torch.Generator().manual_seed(3))
+    together = _forward(m, x, cache, True, monkeypatch)[0]
+    k_together = cache.k[..., 30:39, :].clone()
+    cache.rollback(30)
+    alone = torch.cat([_forward(m, x[:, i:i + 1], cache, True, monkeypatch)[0] for i in range(9)])
+    assert torch.equal(together, alone)
+    assert torch.equal(k_together, cache.k[..., 30:39, :])
+
+
+def test_the_fused_forward_is_used_only_where_it_applies(monkeypatch):
+    from specdec_lab.kv_cache import KVCache
+    from specdec_lab.masks import verification_mask
+    from specdec_lab.paged import PagedSequenceCache
+    from specdec_lab.pair import tiny_model
+    fused_forward = model_module.fused_forward
+    m = tiny_model(0)
+    cache = KVCache.for_model(m.cfg, 40)
+    cache.length = 5
+    x = torch.zeros(1, 3, dtype=torch.long)
+    with torch.no_grad():
+        assert isinstance(fused_forward(m, x, cache, None, None, None), model_module.FusedForward)
+        assert fused_forward(m, x, cache, None, torch.arange(5, 8), None) is not None  # the default positions
+        refused = {
+            "an explicit mask": (m, x, cache, verification_mask(5, 3), None),
+            "other positions": (m, x, cache, None, torch.arange(6, 9)),
+            "no cache": (m, x, None, None, None),
+            "a paged cache": (m, x, PagedSequenceCache.for_model(m.cfg, 32, block_size=8), None, None),
+            "batch 2": (m, torch.zeros(2, 3, dtype=torch.long), KVCache.for_model(m.cfg, 40, batch_size=2),
+                        None, None),
+            "more rows than the kernel takes": (m, torch.zeros(1, kernels.MAX_ROWS + 1, dtype=torch.long),
+                                                cache, None, None),
+        }
+        for why, args in refused.items():
+            assert fused_forward(*args, None) is None, why
+        bf16 = tiny_model(0).to(torch.bfloat16)
+        assert fused_forward(bf16, x, KVCache.for_model(bf16.cfg, 40, dtype=torch.bfloat16), None, None, None) is None
+        assert fused_forward(tiny_model(0, qkv_bias=True), x, cache, None, None, None) is None  # biases: eager
+    trainable = tiny_model(0).requires_grad_(True)
+    assert fused_forward(trainable, x, cache, None, None, None) is None  # a backward needs the eager graph
+    with torch.no_grad():
+        assert fused_forward(trainable, x, cache, None, None, None) is not None
+        monkeypatch.setattr(model_module, "FUSED_FORWARD", False)
+        assert fused_forward(m, x, cache, None, None, None) is None
+
+
+def test_a_failed_fused_forward_changes_nothing():
+    from specdec_lab.kv_cache import CacheOverflowError, KVCache
+    from specdec_lab.pair import tiny_model
+    m = tiny_model(0)
+    cache = KVCache.for_model(m.cfg, 6)
+    with torch.no_grad():
+        m(torch.tensor([[1, 2, 3, 4]]), cache=cache)
+        k, v = cache.k.clone(), cache.v.clone()
+        with pytest.raises(CacheOverflowError):
+            m(torch.tensor([[5, 6, 7]]), cache=cache)
+        assert cache.length == 4 and torch.equal(cache.k, k) and torch.equal(cache.v, v)
+        fused = model_module.FusedForward(m)
+        for bad in (torch.zeros(2, m.cfg.dim + 1), torch.zeros(kernels.MAX_ROWS + 1, m.cfg.dim),
+                    torch.zeros(2, m.cfg.dim, dtype=torch.float64)):
+            with pytest.raises(ValueError, match="rows must"):
+                fused(bad, cache)
+        assert cache.length == 4 and torch.equal(cache.k, k)

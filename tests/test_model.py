@@ -5,7 +5,8 @@ and tiny random Llama / Qwen2 configurations built by transformers itself, which
 cover what SmolLM2 does not: untied embeddings, Llama-3 rope scaling, q/k/v biases.
 Each parity check is run both as one full pass and as a chunked pass through a
 KVCache (prefill, a multi-token chunk, then single tokens), because decode and
-verification take the chunked path.
+verification take the chunked path. Every test runs twice: with the fused forward that
+takes a few rows through a contiguous cache in one call (model.FUSED_FORWARD), and without it.
 """
 import dataclasses
 
@@ -13,6 +14,7 @@ import pytest
 import torch
 import transformers
 
+from specdec_lab import model as model_module
 from specdec_lab.kv_cache import KVCache
 from specdec_lab.model import Transformer, init_weights
 from specdec_lab.text import encode_prompt
@@ -24,6 +26,14 @@ from specdec_lab.weights import build_model, config_from_hf, from_hf_state_dict
 TOL = 2e-4
 LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 64}
+
+
+@pytest.fixture(autouse=True, params=[True, False], ids=["fused", "eager"])
+def forward_path(request, monkeypatch):
+    monkeypatch.setattr(model_module, "FUSED_FORWARD", request.param)
+    return request.param
+
+
 TEXT = ("Speculative decoding lets a small draft model propose several tokens, and the large target "
         "model checks all of them in one forward pass. Explain, step by step and with a worked example, "
         "why the output distribution is exactly the target's, and when the method saves time.")

@@ -117,32 +117,41 @@ extern "C" long panel_threaded(void) {
 }
 
 /* ---------------------------------------------------------------------------------------
- * One token through a whole small Llama-style decoder, in one call.
+ * A few tokens through a whole Llama-style decoder, in one call.
  *
- * A draft of a few narrow layers is not bound by memory but by dispatch: its eager forward is
- * some 200 operator calls (views and slices included), each costing more to launch than to
- * compute. This function runs the same arithmetic for one token with no operator in between:
- * per layer RMSNorm, the fused q/k/v product, rotary embedding, the key/value cache write,
- * grouped attention over the cache, the output product, RMSNorm, the fused gate/up product,
- * SiLU, the down product; then the final RMSNorm and the head. The products read the same
- * packed panels as panel_matmul (one row, so bit-for-bit the eager path's products); attention
- * and the rest agree with the eager path to rounding.
+ * An eager forward is some 15 operator calls a layer (views and slices included). For a draft
+ * of a few narrow layers they are the whole cost; for the default target's 30 layers they
+ * added about a quarter to a one-token forward whose weights stream from memory. This
+ * function runs the same arithmetic for R rows at positions pos..pos+R-1 with no operator in
+ * between: per layer RMSNorm, the fused q/k/v product, rotary embedding, the key/value cache
+ * write, grouped attention over the cache (row r sees positions up to pos + r), the output
+ * product, RMSNorm, the fused gate/up product, SiLU, the down product; then the final RMSNorm
+ * and, if n_out > 0, the head. The float32 products are panel_matmul's, so each row's result is
+ * bit-for-bit the same whatever R is, and so is everything else here, which works row by row:
+ * a decode token and the same token inside a K+1-row verification get the same logits.
+ * Attention and the rest agree with the eager path to rounding.
  *
- * Shapes: the cache is (L, Hkv, S, D) for batch 1, written at position pos; cos and sin are
- * the rotary tables' rows for pos, in the rotate-half layout; every product's output width is
- * padded to a multiple of PW (the panels are), written P(n) below. work holds
- * 3 P(dim) + P((H + 2 Hkv) D) + P(H D) + P(2 I) + S floats (model.OneTokenDecoder sizes it).
+ * Shapes: rows (R, dim); the cache is (L, Hkv, S, D) for batch 1, written at pos..pos+R-1; cos
+ * and sin are R consecutive rows of the rotary tables, in the rotate-half layout; every
+ * product's output width is padded to a multiple of PW (the panels are), written P(n) below;
+ * logits (R, P(n_out)). work holds forward_work(...) floats; after the call its rows
+ * [R, 2R) of width dim are the final normalised hidden states.
  */
 static inline long padded(long n) { return (n + PW - 1) / PW * PW; }
 
-static void product(const float *x, const float *P, float *y, long K, long N) {
-    for (long t = 0; t < N / PW; t++) one_panel(x, 1, P, y, K, N, t);
+/* y (R, N) = x (R, K) @ P in float32: panel_matmul, split over threads only for a matrix of
+ * 1 MiB or more (a small draft's products are over before threads would start). */
+static void product(const float *x, long R, const float *P, float *y, long K, long N) {
+#ifndef SPECDEC_LAB_SERIAL
+    if (K * N >= (1 << 18)) { panel_matmul(x, R, P, y, K, N); return; }
+#endif
+    for (long t = 0; t < N / PW; t++) one_panel(x, R, P, y, K, N, t);
 }
 
 #ifdef __F16C__
 /* One row against half-precision panels: 32 outputs in 4 registers, two sets of them (even and
  * odd k) so that consecutive multiply-adds do not wait on each other. */
-static void product(const float *x, const unsigned short *P, float *y, long K, long N) {
+static void product_row(const float *x, const unsigned short *P, float *y, long K, long N) {
     for (long t = 0; t < N / PW; t++) {
         const unsigned short *p = P + t * K * PW;
         __m256 a[8];
@@ -174,7 +183,7 @@ static void product(const float *x, const unsigned short *P, float *y, long K, l
  * are, then PW float scales, one per output column: W[k][n] = scale[n] * Q[k][n]. The bytes are
  * widened to float in registers, the products summed in float32, and each sum scaled once at
  * the end. Two sets of accumulators (even and odd k), as in the half-precision product. */
-static void product(const float *x, const signed char *P, float *y, long K, long N) {
+static void product_row(const float *x, const signed char *P, float *y, long K, long N) {
     const long stride = K * PW + PW * (long)sizeof(float);  /* bytes per panel */
     for (long t = 0; t < N / PW; t++) {
         const signed char *p = P + t * stride;
@@ -204,6 +213,23 @@ static void product(const float *x, const signed char *P, float *y, long K, long
 }
 #endif
 
+/* Rounded weights, R rows: one pass over the panels per row (drafts decode one row at a time). */
+template <typename W>
+static void product(const float *x, long R, const W *P, float *y, long K, long N) {
+    for (long r = 0; r < R; r++) product_row(x + r * K, P, y + r * N, K, N);
+}
+
+/* a . b over D floats in 8 interleaved partial sums, which the compiler keeps in one vector
+ * register; a single running sum would wait on each multiply-add in turn. */
+static inline float dot(const float *a, const float *b, long D) {
+    float s[8] = {0, 0, 0, 0, 0, 0, 0, 0}, tail = 0.0f;
+    long i = 0;
+    for (; i + 8 <= D; i += 8)
+        for (int j = 0; j < 8; j++) s[j] += a[i + j] * b[i + j];
+    for (; i < D; i++) tail += a[i] * b[i];
+    return ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7])) + tail;
+}
+
 static void rotate(float *v, const float *cos, const float *sin, long D) {  /* one head, in place */
     const long half = D / 2;
     for (long i = 0; i < half; i++) {
@@ -213,82 +239,96 @@ static void rotate(float *v, const float *cos, const float *sin, long D) {  /* o
     }
 }
 
+/* Floats of work a forward over R rows needs (model.FusedForward sizes its buffer with it). */
+extern "C" long forward_work(long R, long dim, long H, long Hkv, long D, long I, long S) {
+    return R * (2 * dim + padded(dim) + padded((H + 2 * Hkv) * D) + H * D + padded(2 * I) + I) + S;
+}
+
 template <typename W>
-static void decode(
-        const float *embedding, long n_layers,
+static void forward(
+        const float *rows, long R, long n_layers,
         const float *const *attn_norm, const W *const *wqkv, const W *const *wo,
         const float *const *mlp_norm, const W *const *w13, const W *const *w2,
         const float *final_norm, const W *head, long n_out,
         float *k_cache, float *v_cache, long S, long pos, const float *cos, const float *sin,
         long dim, long H, long Hkv, long D, long I, float eps, float *work, float *logits) {
-    const long G = H / Hkv, qkv_n = padded((H + 2 * Hkv) * D);
-    float *x = work, *h = x + padded(dim), *y = h + padded(dim), *qkv = y + padded(dim);
-    float *att = qkv + qkv_n, *mlp = att + padded(H * D), *scores = mlp + padded(2 * I);
+    const long G = H / Hkv, HD = H * D, qkv_n = padded((H + 2 * Hkv) * D), dim_n = padded(dim);
+    const long mlp_n = padded(2 * I);
+    /* row strides: an input to a product is packed at its width K, an output at its padded N */
+    float *x = work, *h = x + R * dim, *y = h + R * dim, *qkv = y + R * dim_n, *att = qkv + R * qkv_n;
+    float *mlp = att + R * HD, *act = mlp + R * mlp_n, *scores = act + R * I;
     const float scale = (float)(1.0 / __builtin_sqrt((double)D));
-    for (long i = 0; i < dim; i++) x[i] = embedding[i];
+    for (long i = 0; i < R * dim; i++) x[i] = rows[i];
     for (long l = 0; l < n_layers; l++) {
-        rms_norm(x, 1, dim, attn_norm[l], eps, h);
-        product(h, wqkv[l], qkv, dim, qkv_n);
-        for (long j = 0; j < H + Hkv; j++) rotate(qkv + j * D, cos, sin, D);  /* queries, then keys */
+        rms_norm(x, R, dim, attn_norm[l], eps, h);
+        product(h, R, wqkv[l], qkv, dim, qkv_n);
         float *kl = k_cache + l * Hkv * S * D, *vl = v_cache + l * Hkv * S * D;
-        for (long g = 0; g < Hkv; g++)
-            for (long i = 0; i < D; i++) {
-                kl[(g * S + pos) * D + i] = qkv[(H + g) * D + i];
-                vl[(g * S + pos) * D + i] = qkv[(H + Hkv + g) * D + i];
-            }
-        for (long j = 0; j < H; j++) {  /* query head j reads key/value head j / G */
-            const float *q = qkv + j * D, *kg = kl + (j / G) * S * D, *vg = vl + (j / G) * S * D;
-            float top = -__builtin_inff(), sum = 0.0f;
-            for (long t = 0; t <= pos; t++) {
-                float s = 0.0f;
-                for (long i = 0; i < D; i++) s += q[i] * kg[t * D + i];
-                scores[t] = s * scale;
-                top = scores[t] > top ? scores[t] : top;
-            }
-            for (long t = 0; t <= pos; t++) sum += (scores[t] = __builtin_expf(scores[t] - top));
-            float *o = att + j * D;
-            for (long i = 0; i < D; i++) o[i] = 0.0f;
-            for (long t = 0; t <= pos; t++) {
-                const float p = scores[t] / sum;
-                for (long i = 0; i < D; i++) o[i] += p * vg[t * D + i];
+        for (long r = 0; r < R; r++) {  /* rotate queries and keys, then write keys and values */
+            float *q = qkv + r * qkv_n;
+            for (long j = 0; j < H + Hkv; j++) rotate(q + j * D, cos + r * D, sin + r * D, D);
+            for (long g = 0; g < Hkv; g++)
+                for (long i = 0; i < D; i++) {
+                    kl[(g * S + pos + r) * D + i] = q[(H + g) * D + i];
+                    vl[(g * S + pos + r) * D + i] = q[(H + Hkv + g) * D + i];
+                }
+        }
+        for (long r = 0; r < R; r++) {
+            const long last = pos + r;  /* the causal mask: row r sees positions 0..pos + r */
+            for (long j = 0; j < H; j++) {  /* query head j reads key/value head j / G */
+                const float *q = qkv + r * qkv_n + j * D, *kg = kl + (j / G) * S * D, *vg = vl + (j / G) * S * D;
+                float top = -__builtin_inff(), sum = 0.0f;
+                for (long t = 0; t <= last; t++) {
+                    scores[t] = dot(q, kg + t * D, D) * scale;
+                    top = scores[t] > top ? scores[t] : top;
+                }
+                for (long t = 0; t <= last; t++) sum += (scores[t] = __builtin_expf(scores[t] - top));
+                float *o = att + r * HD + j * D;
+                for (long i = 0; i < D; i++) o[i] = 0.0f;
+                for (long t = 0; t <= last; t++) {
+                    const float p = scores[t] / sum;
+                    for (long i = 0; i < D; i++) o[i] += p * vg[t * D + i];
+                }
             }
         }
-        product(att, wo[l], y, H * D, padded(dim));
-        for (long i = 0; i < dim; i++) x[i] += y[i];
-        rms_norm(x, 1, dim, mlp_norm[l], eps, h);
-        product(h, w13[l], mlp, dim, padded(2 * I));
-        for (long i = 0; i < I; i++) {
-            const float gate = mlp[i];
-            mlp[i] = gate / (1.0f + __builtin_expf(-gate)) * mlp[I + i];  /* silu(gate) * up */
-        }
-        product(mlp, w2[l], y, I, padded(dim));
-        for (long i = 0; i < dim; i++) x[i] += y[i];
+        product(att, R, wo[l], y, HD, dim_n);
+        for (long r = 0; r < R; r++)
+            for (long i = 0; i < dim; i++) x[r * dim + i] += y[r * dim_n + i];
+        rms_norm(x, R, dim, mlp_norm[l], eps, h);
+        product(h, R, w13[l], mlp, dim, mlp_n);
+        for (long r = 0; r < R; r++)
+            for (long i = 0; i < I; i++) {
+                const float gate = mlp[r * mlp_n + i];
+                act[r * I + i] = gate / (1.0f + __builtin_expf(-gate)) * mlp[r * mlp_n + I + i];  /* silu(gate) * up */
+            }
+        product(act, R, w2[l], y, I, dim_n);
+        for (long r = 0; r < R; r++)
+            for (long i = 0; i < dim; i++) x[r * dim + i] += y[r * dim_n + i];
     }
-    rms_norm(x, 1, dim, final_norm, eps, h);
-    product(h, head, logits, dim, n_out);
+    rms_norm(x, R, dim, final_norm, eps, h);
+    if (n_out > 0) product(h, R, head, logits, dim, n_out);
 }
 
 #define DECODE_ARGS(W) \
-        const float *embedding, long n_layers, \
+        const float *rows, long R, long n_layers, \
         const float *const *attn_norm, const W *const *wqkv, const W *const *wo, \
         const float *const *mlp_norm, const W *const *w13, const W *const *w2, \
         const float *final_norm, const W *head, long n_out, \
         float *k_cache, float *v_cache, long S, long pos, const float *cos, const float *sin, \
         long dim, long H, long Hkv, long D, long I, float eps, float *work, float *logits
-#define DECODE_PASS embedding, n_layers, attn_norm, wqkv, wo, mlp_norm, w13, w2, final_norm, head, n_out, \
+#define DECODE_PASS rows, R, n_layers, attn_norm, wqkv, wo, mlp_norm, w13, w2, final_norm, head, n_out, \
         k_cache, v_cache, S, pos, cos, sin, dim, H, Hkv, D, I, eps, work, logits
 
-extern "C" void decode_token(DECODE_ARGS(float)) { decode<float>(DECODE_PASS); }
+extern "C" void forward_rows(DECODE_ARGS(float)) { forward<float>(DECODE_PASS); }
 
 #ifdef __F16C__
-/* decode_token_half: the same forward over half-precision panels (same layout, 2 bytes a weight),
+/* forward_rows_half: the same forward over half-precision panels (same layout, 2 bytes a weight),
  * widened to float in registers (F16C) and multiplied in float32. A feature draft (feature_draft.py)
  * is one layer of the target's width and a head over 8192 tokens, 36 MB in float32, which each
  * drafted token streams from memory again: in half precision it reads 18 MB. A drafted token took
  * 1.5-3.0 ms this way against 5.6-6.4 ms for the eager float32 forward (one thread, three rounds on
  * a day a target forward took 72-116 ms). Built only where the compiler targets F16C
  * (kernels.has_half()). */
-extern "C" void decode_token_half(DECODE_ARGS(unsigned short)) { decode<unsigned short>(DECODE_PASS); }
+extern "C" void forward_rows_half(DECODE_ARGS(unsigned short)) { forward<unsigned short>(DECODE_PASS); }
 
 /* A feature draft's input row in one call: out (P(dim)) = fc [norm(embedding), norm(state)],
  * fc (2 dim, dim) in half-precision panels; work holds 2 dim floats. */
@@ -297,14 +337,14 @@ extern "C" void feature_input_half(const float *embedding, const float *state, c
                                    float *work, float *out) {
     rms_norm(embedding, 1, dim, embed_norm, eps, work);
     rms_norm(state, 1, dim, state_norm, eps, work + dim);
-    product(work, fc, out, 2 * dim, padded(dim));
+    product(work, 1, fc, out, 2 * dim, padded(dim));
 }
 #endif
 
 #ifdef __AVX2__
-/* decode_token_int8: the same forward over int8 panels with a float scale per output column (the
+/* forward_rows_int8: the same forward over int8 panels with a float scale per output column (the
  * layout above): a quarter of float32's bytes. model.OneTokenDecoder(weights="int8") drives it;
  * self_draft.py runs the target itself this way as its own draft. Built only where the compiler
  * targets AVX2 (kernels.has_int8()). */
-extern "C" void decode_token_int8(DECODE_ARGS(signed char)) { decode<signed char>(DECODE_PASS); }
+extern "C" void forward_rows_int8(DECODE_ARGS(signed char)) { forward<signed char>(DECODE_PASS); }
 #endif
