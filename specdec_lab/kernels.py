@@ -11,7 +11,7 @@ third on this shared machine; the order of the kernels has not.) The file says h
 RMSNorm over the same few rows is in the library too: one call instead of several operators.
 So is `forward_rows`, a whole decoder's forward over a few rows in one call (model.FusedForward):
 a small draft's eager forward is the cost of launching some 200 operator calls, and even the
-target's 30 layers spent about a fifth of a one-token forward between its operators. Its
+default target spent about a quarter of an eager one-token forward on its 450 operator calls. Its
 weights can also be read rounded to float16 (`forward_rows_half`, F16C) or to int8 with a scale
 per output column (`forward_rows_int8`, AVX2): the target itself, read as int8, is its own
 draft in self_draft.py.

@@ -38,7 +38,7 @@ def test_int8_panels_stand_for_the_weight_to_half_a_step_per_column():
 
 
 def test_the_int8_forward_is_the_float32_forward_of_the_weights_it_stands_for(target):
-    # decode_token_int8 reads the int8 panels and scales each sum once: the same function, to float
+    # forward_rows_int8 reads the int8 panels and scales each sum once: the same function, to float
     # rounding, as the float32 forward of a copy whose weights were replaced by what the panels stand for.
     rounded = Transformer(target.cfg)
     rounded.load_state_dict(target.state_dict())

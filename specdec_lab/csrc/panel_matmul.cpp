@@ -121,7 +121,7 @@ extern "C" long panel_threaded(void) {
  *
  * An eager forward is some 15 operator calls a layer (views and slices included). For a draft
  * of a few narrow layers they are the whole cost; for the default target's 30 layers they
- * added about a quarter to a one-token forward whose weights stream from memory. This
+ * added about 30% to a one-token forward whose weights stream from memory. This
  * function runs the same arithmetic for R rows at positions pos..pos+R-1 with no operator in
  * between: per layer RMSNorm, the fused q/k/v product, rotary embedding, the key/value cache
  * write, grouped attention over the cache (row r sees positions up to pos + r), the output
