@@ -27,7 +27,7 @@ import torch
 
 from .drafters import draft_token
 from .kv_cache import KVCache
-from .model import OneTokenDecoder, Transformer
+from .model import FusedForward, OneTokenDecoder, Transformer
 
 
 class SelfDraft:
@@ -39,8 +39,7 @@ class SelfDraft:
             raise ValueError(f"weights must be 'int8' or 'float16', got {weights!r}")
         if not isinstance(target, Transformer):
             raise ValueError(f"target must be a specdec_lab Transformer, got {type(target).__name__}")
-        probe = KVCache.for_model(target.cfg, 1, dtype=target.dtype, device=target.device)
-        if not OneTokenDecoder.supports(target, probe, by_token=False, weights=weights):
+        if not FusedForward.supports(target, weights):
             raise ValueError(f"a {weights} self-draft needs a float32 CPU target without biases and the kernel "
                              f"library built for it (kernels.has_int8() / kernels.has_half())")
         self.target, self.weights = target, weights
