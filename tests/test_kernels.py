@@ -330,6 +330,45 @@ def test_fused_forward_matches_the_eager_forward_over_a_few_rows(shape, tied, mo
     assert torch.equal(h, h_copy), "hidden() must not hand out the fused forward's work buffer"
 
 
+def test_the_fused_forward_sees_replaced_weights_and_modules(monkeypatch):
+    """FusedForward keeps its pointers while the weights stay put; a weight written in place, a
+    Parameter replaced, a module replaced and a restricted head must each be seen."""
+    from torch import nn
+    from specdec_lab.kv_cache import KVCache
+    from specdec_lab.model import Linear, restrict_vocab
+    m = _untied(6, n_layers=2)
+    x = torch.tensor([[3, 1, 4]])
+
+    def both():
+        out = []
+        for fused in (False, True):
+            cache = KVCache.for_model(m.cfg, 8)
+            with torch.no_grad():
+                out.append(_forward(m, x, cache, fused, monkeypatch))
+        assert torch.allclose(out[0], out[1], rtol=1e-4, atol=1e-4), (out[0] - out[1]).abs().max()
+        return out[1]
+
+    first = both()
+    with torch.no_grad():
+        m.layers[1].attn.wo.weight.mul_(0.5)  # in place
+    second = both()
+    m.layers[0].mlp.w13.weight = nn.Parameter(torch.randn_like(m.layers[0].mlp.w13.weight) * 0.05)
+    third = both()
+    wqkv = m.layers[1].attn.wqkv
+    fresh = Linear(*wqkv.weight.shape)
+    with torch.no_grad():
+        fresh.weight.copy_(wqkv.weight.flip(0))
+    m.layers[1].attn.wqkv = fresh  # a new module
+    fourth = both()
+    m.norm.weight.data = m.norm.weight.data * 2.0  # another tensor under the same Parameter
+    fifth = both()
+    restrict_vocab(m, torch.arange(0, m.cfg.vocab_size, 2))
+    sixth = both()
+    for a, b in [(first, second), (second, third), (third, fourth), (fourth, fifth)]:
+        assert not torch.allclose(a, b)
+    assert torch.isinf(sixth[..., 1::2]).all() and torch.isfinite(sixth[..., ::2]).all()
+
+
 def test_a_fused_row_is_bit_for_bit_the_same_whatever_the_row_count(monkeypatch):
     """Greedy speculative decoding equals autoregressive decoding only if a token's logits do not
     depend on how many tokens the forward held: decode holds one, verification K+1."""
