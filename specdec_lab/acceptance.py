@@ -109,8 +109,8 @@ def measure_step_costs(target, draft, ks, context=128, reps=20, warmup=3) -> Ste
 
     kinds = [("target", target, forward(target, 1))]
     if draft is not None:  # the draft is timed as ModelDrafter runs it: one call per token where it can
-        one_call = (OneTokenDecoder(draft, caches[id(draft)]) if drafters.ONE_CALL
-                    and OneTokenDecoder.supports(draft, caches[id(draft)]) else None)
+        weights = drafters.one_call_weights(draft, caches[id(draft)])
+        one_call = OneTokenDecoder(draft, caches[id(draft)], weights=weights) if weights else None
         kinds.append(("draft", draft, (lambda: one_call(0)) if one_call else forward(draft, 1)))
     kinds += [(k, target, forward(target, k + 1)) for k in ks]
     times = {name: [] for name, _, _ in kinds}

@@ -279,6 +279,7 @@ def test_drafters_propose_the_same_with_and_without_the_one_call_path(temperatur
     target, draft = tiny_model(0, eos_token_ids=()), _untied(1, n_layers=1, eos_token_ids=())
     prompt = [3, 1, 4, 1, 5, 9, 2, 6, 3, 1, 4]
     runs = {}
+    monkeypatch.setattr(drafters, "ONE_CALL_WEIGHTS", "float32")  # the same weights: the same proposals
     for one_call in (False, True):
         monkeypatch.setattr(drafters, "ONE_CALL", one_call)
         plain = drafters.ModelDrafter(draft, 128, stop_below=0.3)
@@ -289,6 +290,38 @@ def test_drafters_propose_the_same_with_and_without_the_one_call_path(temperatur
     for a, b in zip(runs[False], runs[True]):
         assert a.tokens == b.tokens
         assert [(r.k, r.num_accepted) for r in a.steps] == [(r.k, r.num_accepted) for r in b.steps]
+
+
+def test_the_one_call_draft_reads_half_precision_where_it_can_and_stays_lossless(monkeypatch):
+    from specdec_lab import drafters
+    from specdec_lab.engine import SpeculativeEngine, autoregressive_generate
+    from specdec_lab.kv_cache import KVCache
+    from specdec_lab.pair import tiny_model
+    target, draft = tiny_model(0, eos_token_ids=()), _untied(1, n_layers=2, eos_token_ids=())
+    cache = KVCache.for_model(draft.cfg, 8)
+    assert drafters.one_call_weights(draft, cache) == ("float16" if kernels.has_half() else "float32")
+    assert drafters.one_call_weights(target, cache) is None  # tied embeddings: no by-token call
+    monkeypatch.setattr(drafters, "ONE_CALL_WEIGHTS", "float32")
+    assert drafters.one_call_weights(draft, cache) == "float32"
+    monkeypatch.setattr(drafters, "ONE_CALL", False)
+    assert drafters.one_call_weights(draft, cache) is None
+    if not kernels.has_half():
+        return
+    monkeypatch.setattr(drafters, "ONE_CALL", True)
+    logits = {}
+    for weights in ("float32", "float16"):
+        monkeypatch.setattr(drafters, "ONE_CALL_WEIGHTS", weights)
+        d = drafters.ModelDrafter(draft, 64)
+        assert d.one_call.weights == weights
+        d.prefill([3, 1, 4, 1, 5])
+        logits[weights] = d._feed(torch.tensor([[5]]))
+    a, b = logits["float32"], logits["float16"]
+    assert not torch.equal(a, b), "half-precision weights must round something"
+    assert torch.allclose(a, b, rtol=1e-2, atol=1e-2)
+    prompt = [3, 1, 4, 1, 5, 9, 2, 6]
+    expected = autoregressive_generate(target, prompt, max_new_tokens=30).tokens
+    assert SpeculativeEngine(target, drafters.ModelDrafter(draft, 128), k=4, max_seq_len=128).generate(
+        prompt, max_new_tokens=30).tokens == expected
 
 
 # The target's own forward over a few rows (decode and verification) goes through FusedForward.
