@@ -252,7 +252,9 @@ FEATURE_KS, FEATURE_STOP_K, FEATURE_LOOKUP_K = (3, 4, 5), 8, 4
 
 # The target's own weights in int8 as its draft (self_draft.py): it agrees with the target far
 # more often than a distilled draft and costs a quarter of a target forward, so longer drafts pay.
-SELF_KS = (4, 6, 8)
+# K = 7 verifies 8 rows, the most the panel kernel takes in one pass over the weights (its RB);
+# K = 8's 9 rows need a second pass.
+SELF_KS = (4, 6, 7, 8)
 
 
 def make_systems(target, draft, ks, adaptive=True, hf_target=None, hf_draft=None, fixed_c=None,
