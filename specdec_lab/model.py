@@ -419,8 +419,9 @@ class FusedForward:
 
     def _sources(self):
         """The float32 weights the call reads, in forward order, found through the modules' own
-        dictionaries: a few dozen microseconds for the default target, where attribute access
-        (nn.Module.__getattr__) took about a millisecond, a tenth of an int8 self-draft token."""
+        dictionaries. With the (pointer, version) check this took about 0.1 ms for the default
+        target, where fetching the weights through attribute access (nn.Module.__getattr__) took
+        0.5-1.2 ms, up to a tenth of an int8 self-draft token."""
         mods = self.model._modules
         head = mods["head"]
         if isinstance(head, VocabSubsetHead):
