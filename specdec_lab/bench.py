@@ -255,6 +255,9 @@ FEATURE_KS, FEATURE_STOP_K, FEATURE_LOOKUP_K = (3, 4, 5), 8, 4
 # K = 7 verifies 8 rows, the most the panel kernel takes in one pass over the weights (its RB);
 # K = 8's 9 rows need a second pass.
 SELF_KS = (4, 6, 7, 8)
+# The same draft behind prompt lookup (SelfDraft(lookup=True)): where the context repeats, k copied
+# tokens cost no int8 forward, and an int8 forward costs a quarter of the target's.
+SELF_LOOKUP_K = 6
 
 
 def make_systems(target, draft, ks, adaptive=True, hf_target=None, hf_draft=None, fixed_c=None,
@@ -263,7 +266,8 @@ def make_systems(target, draft, ks, adaptive=True, hf_target=None, hf_draft=None
     `verify_cost` ({K: cost of a K+1-token forward over a one-token one}) is what it assumes
     a verification costs. `refinements` adds the early-stopping draft and lookup + draft;
     `feature_draft` (a feature_draft.FeatureDraft) its systems at FEATURE_KS and with early stopping;
-    `self_draft` (a self_draft.SelfDraft) the target drafting for itself at SELF_KS."""
+    `self_draft` (a self_draft.SelfDraft) the target drafting for itself at SELF_KS, and behind prompt
+    lookup at SELF_LOOKUP_K."""
     eos = target.cfg.eos_token_ids
 
     def ar(ids, n, temperature, seed):
@@ -322,6 +326,13 @@ def make_systems(target, draft, ks, adaptive=True, hf_target=None, hf_draft=None
                 return res.tokens, res
             systems.append(System(f"spec_self_k{k}", f"self-draft {self_draft.weights}, K={k}", spec_self, k=k,
                                   drafts=True, theorem=False))
+        engine_sl = SpeculativeEngine(target, SelfDraft(target, self_draft.weights, lookup=True), k=SELF_LOOKUP_K)
+
+        def spec_self_lookup(ids, n, temperature, seed):
+            res = engine_sl.generate(ids, max_new_tokens=n, temperature=temperature, seed=seed)
+            return res.tokens, res
+        systems.append(System("spec_self_lookup", f"self-draft {self_draft.weights}, lookup + K={SELF_LOOKUP_K}",
+                              spec_self_lookup, drafts=True, k_max=SELF_LOOKUP_K, theorem=False))
         # The same rounded weights decoding alone, nothing verified: faster, but another model's output
         quantized = QuantizedDecoding(self_draft)
 

@@ -228,10 +228,16 @@ class LookupThenModelDrafter:
 
     def __init__(self, draft, capacity=2048, min_match=2, max_ngram=4, stop_below=None):
         from .feature_draft import FeatureDraft, FeatureDrafter
-        inner = FeatureDrafter if isinstance(draft, FeatureDraft) else ModelDrafter
-        self.model = inner(draft, capacity, stop_below=stop_below)  # checks stop_below
+        if hasattr(draft, "propose"):  # a drafter built already (the engine's self_draft.SelfDrafter)
+            if stop_below is not None:
+                raise ValueError("stop_below applies to a draft model, not to a drafter built already")
+            self.model = draft
+        else:
+            inner = FeatureDrafter if isinstance(draft, FeatureDraft) else ModelDrafter
+            self.model = inner(draft, capacity, stop_below=stop_below)  # checks stop_below
         self.reads_target_hidden = getattr(self.model, "reads_target_hidden", False)
-        self.lookup = NGramDrafter(max_ngram=max_ngram, min_ngram=min_match, device=self.model.model.device)
+        device = self.model.device if hasattr(self.model, "device") else self.model.model.device
+        self.lookup = NGramDrafter(max_ngram=max_ngram, min_ngram=min_match, device=device)
         self.source = None  # who proposed the current step: "lookup" or "model"
         self.lookup_steps = self.model_steps = 0
 

@@ -19,7 +19,7 @@ import torch
 
 from .config import MAX_K, SamplingConfig
 from .kv_cache import KVCache
-from .drafters import ModelDrafter
+from .drafters import LookupThenModelDrafter, ModelDrafter
 from .feature_draft import FeatureDraft, FeatureDrafter
 from .metrics import RunStats, StepRecord
 from .sampling import check_sampling_args, exponential_noise, logits_to_probs, make_generator, sample
@@ -147,6 +147,8 @@ class SpeculativeEngine:
                 raise ValueError("a SelfDraft drafts with the target's own weights and cache: build it from this "
                                  "engine's target")
             self.drafter = SelfDrafter(draft, self.cache)
+            if draft.lookup:
+                self.drafter = LookupThenModelDrafter(self.drafter)
         elif isinstance(draft, FeatureDraft):
             self.drafter = FeatureDrafter(draft, self.max_seq_len, factory)
         else:

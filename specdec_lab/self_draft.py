@@ -18,6 +18,7 @@ catch-up forward after a step: each step costs exactly k draft forwards.
 
     draft = SelfDraft(target)                       # weights="float16" reads half the bytes
     engine = SpeculativeEngine(target, draft, k=6)  # contiguous cache only
+    SelfDraft(target, lookup=True)                  # prompt lookup first, the int8 weights elsewhere
 
 Unlike an int8 model decoding on its own, the output is still the float32 target's:
 verification accepts a drafted token only where the target agrees (greedy), or keeps the
@@ -34,22 +35,28 @@ class SelfDraft:
     """A handle that tells SpeculativeEngine to draft with `target`'s own weights at `weights`
     precision ("int8" or "float16"), through the target's KV cache."""
 
-    def __init__(self, target: Transformer, weights: str = "int8"):
+    def __init__(self, target: Transformer, weights: str = "int8", lookup: bool = False):
         if weights not in ("int8", "float16"):
             raise ValueError(f"weights must be 'int8' or 'float16', got {weights!r}")
+        if not isinstance(lookup, bool):
+            raise ValueError(f"lookup must be True or False, got {lookup!r}")
         if not isinstance(target, Transformer):
             raise ValueError(f"target must be a specdec_lab Transformer, got {type(target).__name__}")
         if not FusedForward.supports(target, weights):
             raise ValueError(f"a {weights} self-draft needs a float32 CPU target without biases and the kernel "
                              f"library built for it (kernels.has_int8() / kernels.has_half())")
         self.target, self.weights = target, weights
+        # lookup=True: prompt lookup first (drafters.LookupThenModelDrafter), the rounded weights where
+        # the context does not repeat. A copied proposal costs no draft forward, and a self-draft
+        # forward costs a quarter of the target's where the shipped draft's costs a fiftieth.
+        self.lookup = lookup
         self.cfg = target.cfg  # the engine reads the vocabulary and EOS from it
         # Input rows: a tied target's embedding is a column of its head; one contiguous copy.
         emb = target.embed.weight if target.embed is not None else target.head.weight.t()
         self.embedding = emb.detach().contiguous()  # (V, dim)
 
     def __repr__(self):
-        return f"SelfDraft({self.weights}, {self.cfg.n_layers} layers)"
+        return f"SelfDraft({self.weights}, {self.cfg.n_layers} layers{', after prompt lookup' if self.lookup else ''})"
 
 
 class SelfDrafter:
@@ -85,6 +92,15 @@ class SelfDrafter:
 
     def commit(self, k, drafted, num_accepted, next_token):
         self.pending = next_token
+
+    def queue(self, tokens):
+        """Committed tokens that someone else proposed (prompt lookup): verification has put all but
+        the last in the shared cache already."""
+        self.pending = tokens[-1]
+
+    @property
+    def device(self):
+        return self.draft.target.device
 
 
 class QuantizedDecoding:

@@ -208,8 +208,8 @@ def quick_doc(default_target, hf_target, stand_in_draft_dir):
 
 FEATURE = [f"spec_feat_k{k}" for k in bench.FEATURE_KS] + ["spec_feat_stop", "spec_feat_lookup"]
 SELF = [f"spec_self_k{k}" for k in bench.SELF_KS]
-EXPECTED = ["ar", "spec_k2", "spec_adaptive", "spec_stop", "spec_lookup", *FEATURE, *SELF, "int8_decode",
-            "hf_generate", "hf_assisted"]
+EXPECTED = ["ar", "spec_k2", "spec_adaptive", "spec_stop", "spec_lookup", *FEATURE, *SELF, "spec_self_lookup",
+            "int8_decode", "hf_generate", "hf_assisted"]
 
 
 @pytest.mark.slow
@@ -298,6 +298,9 @@ def test_self_draft_systems_are_predicted_from_their_own_alpha_and_c(quick_doc):
             assert 0.0 <= s["alpha"] <= 1.0 and s["c"] > 0 and s["mean_k"] <= k
             v = costs["verify_cost"][str(k)] if str(k) in costs["verify_cost"] else costs["verify_cost"][k]
             assert s["predicted_speedup_own"] == pytest.approx(expected_speedup(s["alpha"], k, s["c"], v))
+        s = r["systems"]["spec_self_lookup"]  # copied and drafted steps mixed: no single alpha and c to predict from
+        assert s["label"] == f"self-draft int8, lookup + K={bench.SELF_LOOKUP_K}"
+        assert s["k"] == f"<={bench.SELF_LOOKUP_K}" and "predicted_speedup_own" not in s and "predicted_speedup" not in s
         s = r["systems"]["int8_decode"]  # the same weights decoding alone: no drafts, no prediction
         assert s["label"] == "int8 decode alone, unverified" and "alpha" not in s and s["mean_tokens_per_step"] == 1.0
         # the bar is also reported for the shipped draft alone, where another draft is the fastest

@@ -72,6 +72,35 @@ def test_greedy_with_a_self_draft_equals_autoregressive(target, weights, k):
         assert res.stats.accepted > 0.5 * res.stats.drafted, "the target's own weights must agree with it"
 
 
+def test_a_self_draft_behind_prompt_lookup_copies_where_the_context_repeats(target):
+    from specdec_lab.drafters import LookupThenModelDrafter
+    engine = sl.SpeculativeEngine(target, SelfDraft(target, lookup=True), k=4)
+    drafter = engine.drafter
+    assert isinstance(drafter, LookupThenModelDrafter) and isinstance(drafter.model, SelfDrafter)
+    assert drafter.model.cache is engine.cache
+    prompts = PROMPTS + [[1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2]]  # the last one repeats itself
+    def pending_is_the_next_token(rec, out):  # after copied steps too: the next draft starts there
+        assert drafter.model.pending == rec.next_token
+
+    for prompt in prompts:
+        base = sl.autoregressive_generate(target, prompt, max_new_tokens=40).tokens
+        assert engine.generate(prompt, max_new_tokens=40, on_step=pending_is_the_next_token).tokens == base
+    assert drafter.lookup_steps > 0 and drafter.model_steps > 0, (drafter.lookup_steps, drafter.model_steps)
+    with pytest.raises(ValueError, match="lookup"):
+        SelfDraft(target, lookup=1)
+    with pytest.raises(ValueError, match="stop_below"):
+        LookupThenModelDrafter(drafter.model, stop_below=0.2)
+
+
+@pytest.mark.parametrize("temperature", [0.8])
+def test_sampling_with_a_self_draft_behind_lookup_is_distributed_as_the_target(temperature):
+    from test_engine import _tiny_pair, chi_square_pvalue, exact_distribution
+    target, _ = _tiny_pair()
+    engine = sl.SpeculativeEngine(target, SelfDraft(target, lookup=True), k=3)
+    pvalue = chi_square_pvalue(engine, exact_distribution(target, temperature, 1.0), 2500, temperature, 1.0, 3)
+    assert pvalue > 0.001, f"samples with lookup and a self-draft are not distributed as the target (p = {pvalue:.2e})"
+
+
 def test_the_shared_cache_ends_as_the_target_alone_would_have_written_it(target):
     # The draft writes its own keys and values beyond the committed length; verification must
     # overwrite every one of them, so the committed cache is what a plain prefill computes.
