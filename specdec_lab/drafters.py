@@ -223,7 +223,9 @@ class LookupThenModelDrafter:
     fed in one forward when the model next drafts. Lookup proposals are one-hot (q
     None), so verification stays lossless at any temperature. `stop_below` is the model
     drafter's early stop (ModelDrafter). `draft` may be a feature draft
-    (feature_draft.FeatureDraft): its drafter then receives the target's hidden states too.
+    (feature_draft.FeatureDraft): its drafter then receives the target's hidden states too. It may
+    also be a drafter built already, with a `queue(tokens)` method and a `device`: the engine passes
+    its self_draft.SelfDrafter for SelfDraft(target, lookup=True).
     """
 
     def __init__(self, draft, capacity=2048, min_match=2, max_ngram=4, stop_below=None):

@@ -33,7 +33,8 @@ from .model import FusedForward, OneTokenDecoder, Transformer
 
 class SelfDraft:
     """A handle that tells SpeculativeEngine to draft with `target`'s own weights at `weights`
-    precision ("int8" or "float16"), through the target's KV cache."""
+    precision ("int8" or "float16"), through the target's KV cache; with lookup=True, only where
+    prompt lookup finds nothing to copy (drafters.LookupThenModelDrafter)."""
 
     def __init__(self, target: Transformer, weights: str = "int8", lookup: bool = False):
         if weights not in ("int8", "float16"):
