@@ -417,11 +417,12 @@ class FusedForward:
                          "int8": kernels.forward_rows_int8}[weights]
         self.padded = lambda n, pw=kernels.panel_width(): -(-n // pw) * pw
 
-    def _sources(self):
-        """The float32 weights the call reads, in forward order, found through the modules' own
-        dictionaries. With the (pointer, version) check this took about 0.1 ms for the default
-        target, where fetching the weights through attribute access (nn.Module.__getattr__) took
-        0.5-1.2 ms, up to a tenth of an int8 self-draft token."""
+    def _parts(self):
+        """The norms and products the call reads, in forward order (attn_norm, wqkv, wo, mlp_norm, w13,
+        w2 per layer, then the final norm and the head), found through the modules' own dictionaries.
+        With the (pointer, version) check on their weights this took about 0.1 ms for the default
+        target, where attribute access (nn.Module.__getattr__) took 0.5-1.2 ms, up to a tenth of an
+        int8 self-draft token."""
         mods = self.model._modules
         head = mods["head"]
         if isinstance(head, VocabSubsetHead):
@@ -431,16 +432,18 @@ class FusedForward:
             bm = b._modules
             am, mm = bm["attn"]._modules, bm["mlp"]._modules
             out += (bm["attn_norm"], am["wqkv"], am["wo"], bm["mlp_norm"], mm["w13"], mm["w2"])
-        out += (mods["norm"], head)
-        return [m._parameters["weight"] for m in out]
+        return out + [mods["norm"], head]
 
-    def _weights(self):
-        m = self.model
-        head = m.head.proj if isinstance(m.head, VocabSubsetHead) else m.head
+    def _build(self, parts):
+        """The pointer arrays the kernel reads: one per kind of layer weight, then the final norm,
+        the head's panels, the head's width and the layer count. Norms are read as they are,
+        products from their panels at this forward's precision."""
         dt = FusedForward.WEIGHTS[self.weights]
-        layers = [(b.attn_norm.weight, b.attn.wqkv.panel_weight(dt), b.attn.wo.panel_weight(dt),
-                   b.mlp_norm.weight, b.mlp.w13.panel_weight(dt), b.mlp.w2.panel_weight(dt)) for b in m.layers]
-        return layers, m.norm.weight, head.panel_weight(dt), head.weight.shape[1]
+        held = [m.panel_weight(dt) if isinstance(m, Linear) else m._parameters["weight"] for m in parts]
+        self._held = held  # what the pointers point into stays alive
+        n_layers = (len(parts) - 2) // 6
+        groups = [(ctypes.c_void_p * n_layers)(*[t.data_ptr() for t in held[i:-2:6]]) for i in range(6)]
+        return groups, held[-2].data_ptr(), held[-1].data_ptr(), parts[-1].weight.shape[1], n_layers
 
     def __call__(self, rows: torch.Tensor, cache: KVCache, head: bool = True):
         """rows (R, dim) float32: input rows (token embeddings, or a feature draft's own) at positions
@@ -461,14 +464,11 @@ class FusedForward:
         if pos + R > m.rope_cos.shape[0]:
             raise ValueError(f"positions up to {pos + R} exceed the rotary table ({m.rope_cos.shape[0]})")
         # Panels and pointer arrays are rebuilt only when a weight changed: another tensor, or written
-        key = [(w.data_ptr(), w._version) for w in self._sources()]
-        if key != self._key:  # one pointer array per kind of weight, kept while the weights stay put
-            layers, norm, head_w, n = self._weights()
-            self._pointers = [(ctypes.c_void_p * len(layers))(*[group[i].data_ptr() for group in layers])
-                              for i in range(6)] + [norm.data_ptr(), head_w.data_ptr(), n, len(layers)]
-            self._held = (layers, norm, head_w)  # what the pointers point into stays alive
-            self._key = key
-        *groups, norm_ptr, head_ptr, n, n_layers = self._pointers
+        parts = self._parts()
+        key = [(w.data_ptr(), w._version) for w in (m._parameters["weight"] for m in parts)]
+        if key != self._key:
+            self._pointers, self._key = self._build(parts), key
+        groups, norm_ptr, head_ptr, n, n_layers = self._pointers
         H, Hkv, D = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
         need = kernels.forward_work(R, cfg.dim, H, Hkv, D, cfg.intermediate_size, cache.capacity)
         if self.work.numel() < need:
