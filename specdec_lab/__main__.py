@@ -12,9 +12,11 @@ def _pair(args):
 
 
 def _engine(args, pair):
-    """The speculative engine at --k: the pair's draft, or with --self-draft the target's own int8 weights."""
+    """The speculative engine at --k: the pair's draft, or with --self-draft the target's own weights in
+    4 bits (int8 where the kernels cannot)."""
     import specdec_lab as sl
-    draft = sl.SelfDraft(pair.target) if args.self_draft else pair.draft
+    from .self_draft import best_weights
+    draft = sl.SelfDraft(pair.target, best_weights(pair.target)) if args.self_draft else pair.draft
     return sl.SpeculativeEngine(pair.target, draft, k=args.k)
 
 
@@ -150,7 +152,7 @@ def add_bench_parser(sub):
                    "else the shipped one)")
     b.add_argument("--no-feature-draft", action="store_true", help="skip the feature draft's systems")
     b.add_argument("--no-self-draft", action="store_true",
-                   help="skip the self-draft's systems (the target's own weights in int8 as its draft)")
+                   help="skip the self-draft's systems (the target's own weights in 4 bits or int8 as its draft)")
     b.add_argument("--device", default="cpu")
     b.add_argument("--dtype", choices=["float32", "bfloat16", "float16"],
                    help="default float32 on CPU, bfloat16 on CUDA")
@@ -185,7 +187,8 @@ def main(argv=None):
     g.add_argument("--target", help="hub id, folder or .gguf (default: SmolLM2-135M-Instruct)")
     g.add_argument("--draft", help="hub id or folder of the draft (default: the shipped draft)")
     g.add_argument("--self-draft", action="store_true",
-                   help="draft with the target's own weights read as int8 (self_draft.py) instead of the draft")
+                   help="draft with the target's own weights read in 4 bits, or int8 where the kernels cannot "
+                        "(self_draft.py), instead of the draft")
     g.add_argument("--device", default="cpu")
     g.add_argument("--json", action="store_true", help="print one JSON document")
     g.add_argument("--compare", action="store_true",

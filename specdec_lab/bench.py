@@ -67,7 +67,7 @@ from .engine import SpeculativeEngine, autoregressive_generate
 from .prompts import BENCH_KINDS, BENCH_PROMPTS
 from .roofline import expected_speedup, expected_tokens_per_step
 from .sampling import logits_to_probs
-from .self_draft import QuantizedDecoding, SelfDraft
+from .self_draft import QuantizedDecoding, SelfDraft, best_weights
 from .text import encode_prompt
 
 # ----------------------------------------------------------------------------- cost arithmetic (pure)
@@ -250,13 +250,14 @@ STOP_K, STOP_BELOW = 6, 0.2
 # before it), so Theorem 3.8's one alpha does not describe it.
 FEATURE_KS, FEATURE_STOP_K, FEATURE_LOOKUP_K = (3, 4, 5), 8, 4
 
-# The target's own weights in int8 as its draft (self_draft.py): it agrees with the target far
-# more often than a distilled draft and costs a quarter of a target forward, so longer drafts pay.
+# The target's own weights as its draft (self_draft.py), in 4 bits where the kernels allow, else in
+# int8: it agrees with the target far more often than a distilled draft and costs a fifth (4 bits) to a
+# quarter (int8) of a target forward, so longer drafts pay.
 # K = 7 verifies 8 rows, the most the panel kernel takes in one pass over the weights (its RB);
 # K = 8's 9 rows need a second pass.
 SELF_KS = (4, 6, 7, 8)
 # The same draft behind prompt lookup (SelfDraft(lookup=True)): where the context repeats, k copied
-# tokens cost no int8 forward, and an int8 forward costs a quarter of the target's.
+# tokens cost no self-draft forward, and each such forward costs a fifth to a quarter of the target's.
 SELF_LOOKUP_K = 6
 
 
@@ -366,7 +367,7 @@ class BenchConfig:
     ks: tuple = tuple(range(1, 9))  # fixed draft lengths; adaptive K runs besides them
     adaptive: bool = True
     refinements: bool = True  # the early-stopping draft, and prompt lookup + draft (STOP_K, STOP_BELOW)
-    self_draft: bool = True  # the target's int8 weights as its own draft (SELF_KS), where the kernels allow
+    self_draft: bool = True  # the target's own weights, 4-bit or int8, as its draft (SELF_KS), where the kernels allow
     hf: bool = True  # the transformers systems (need the HF models)
     seed: int = 0  # prompt i runs with seed + i, the same for every system
     samples: int = 1  # calls per prompt when sampling (temperature > 0), sample s with seed + i + SAMPLE_STRIDE s
@@ -646,9 +647,10 @@ def run_bench(target, draft, cfg: BenchConfig, hf_target=None, hf_draft=None, lo
 
 
 def make_self_draft(target, log=None):
-    """SelfDraft(target) in int8, or None (with a line to `log`) where the kernels cannot run it."""
+    """SelfDraft(target) in 4 bits where the kernels and the model's shapes allow, else in int8
+    (self_draft.best_weights); None (with a line to `log`) where the kernels cannot run it."""
     try:
-        return SelfDraft(target)
+        return SelfDraft(target, best_weights(target))
     except ValueError as e:
         if log:
             log(f"no self-draft systems: {e}")

@@ -12,9 +12,10 @@ RMSNorm over the same few rows is in the library too: one call instead of severa
 So is `forward_rows`, a whole decoder's forward over a few rows in one call (model.FusedForward):
 a small draft's eager forward is the cost of launching some 200 operator calls, and even the
 default target spent about a quarter of an eager one-token forward on its 450 operator calls. Its
-weights can also be read rounded to float16 (`forward_rows_half`, F16C) or to int8 with a scale
-per output column (`forward_rows_int8`, AVX2): the target itself, read as int8, is its own
-draft in self_draft.py.
+weights can also be read rounded to float16 (`forward_rows_half`, F16C), to int8 with a scale
+per output column (`forward_rows_int8`, AVX2), or to 4 bits with a scale and offset per column and
+group of 32 inputs (`forward_rows_int4`, AVX2 and F16C; the head in int8 with a scale per group): the
+target itself, read that way, is its own draft in self_draft.py.
 
 It is compiled on first use with the C++ compiler at hand ($CXX, c++, g++ or clang++)
 into $SPECDEC_LAB_CACHE/kernels/, keyed by a hash of the source, the compiler, the flags,
@@ -126,8 +127,8 @@ def _load():
                    + [ctypes.c_long] * 5 + [ctypes.c_float, ctypes.c_void_p, ctypes.c_void_p])
     lib.forward_work.restype = ctypes.c_long
     lib.forward_work.argtypes = [ctypes.c_long] * 7
-    for name in ("forward_rows", "forward_rows_half", "forward_rows_int8"):
-        if hasattr(lib, name):  # half only where the compiler targets F16C, int8 where it targets AVX2
+    for name in ("forward_rows", "forward_rows_half", "forward_rows_int8", "forward_rows_int4"):
+        if hasattr(lib, name):  # half where the compiler targets F16C, int8 AVX2, int4 both
             getattr(lib, name).restype = None
             getattr(lib, name).argtypes = decode_args
     if hasattr(lib, "feature_input_half"):
@@ -166,17 +167,30 @@ def pack(w: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
     dtype=torch.float16 rounds the panels to half precision (forward_rows_half reads them).
     dtype=torch.int8 returns (ceil(N / PW), K * PW + 4 * PW) bytes: each panel's weights rounded to
     int8 against a scale per column (the column's largest magnitude / 127), then the PW float32
-    scales (forward_rows_int8 reads them); `unpack_int8` gives back the weights they stand for."""
+    scales (forward_rows_int8 reads them); `unpack_int8` gives back the weights they stand for.
+    dtype=torch.uint4 returns (ceil(N / PW), K / 32 * 640) bytes: 4-bit weights with a half-precision
+    scale and offset per column and group of INT4_GROUP inputs (the layout is in csrc/panel_matmul.cpp;
+    forward_rows_int4 reads it, `unpack_int4` gives back the weights); K must be a multiple of 32.
+    dtype=torch.qint8 returns (ceil(N / PW), K / 32 * 1088) bytes: int8 weights with a half-precision
+    scale per column and group of 32 inputs (forward_rows_int4's head; `unpack_q8`)."""
     if w.dtype != torch.float32 or w.dim() != 2 or w.device.type != "cpu":
         raise ValueError(f"w must be a 2-D float32 CPU tensor, got {tuple(w.shape)} {w.dtype} on {w.device}")
-    if dtype not in (torch.float32, torch.float16, torch.int8):
-        raise ValueError(f"dtype must be torch.float32, torch.float16 or torch.int8, got {dtype}")
+    if dtype not in (torch.float32, torch.float16, torch.int8, torch.uint4, torch.qint8):
+        raise ValueError(f"dtype must be torch.float32, torch.float16, torch.int8, torch.uint4 or torch.qint8, "
+                         f"got {dtype}")
+    if dtype in (torch.uint4, torch.qint8) and (w.shape[0] % INT4_GROUP or w.shape[0] > INT4_MAX_K):
+        raise ValueError(f"a 4-bit weight needs a multiple of {INT4_GROUP} inputs, at most {INT4_MAX_K}, "
+                         f"got {w.shape[0]}")
     pw = panel_width()
     K, N = w.shape
     n_pad = -N % pw
     w = torch.nn.functional.pad(w.detach(), (0, n_pad)) if n_pad else w.detach().contiguous()
     n_panels = (N + n_pad) // pw
     by_panel = w.view(K, n_panels, pw).transpose(0, 1)  # (panels, K, PW)
+    if dtype == torch.uint4:
+        return _pack_int4(by_panel)
+    if dtype == torch.qint8:
+        return _pack_q8(by_panel)
     if dtype == torch.int8:
         scale = by_panel.abs().amax(1) / 127.0  # (panels, PW)
         scale = torch.where(scale > 0, scale, torch.ones_like(scale))  # an all-zero column stays zero
@@ -196,6 +210,83 @@ def unpack_int8(packed: torch.Tensor, K: int, N: int) -> torch.Tensor:
     q = packed[:, :K * pw].reshape(-1, K, pw).float()
     scale = packed[:, K * pw:].contiguous().view(torch.float32)  # (panels, PW)
     return (q * scale[:, None]).transpose(0, 1).reshape(K, -1)[:, :N]
+
+
+INT4_GROUP = 32  # inputs per scale and offset in a 4-bit panel
+INT4_MAX_K = 16384  # inputs the 4-bit product takes (it rounds x into a buffer on the stack)
+_INT4_BYTES = INT4_GROUP * INT4_GROUP // 2 + 4 * INT4_GROUP  # a group: the 4-bit weights, then d and m
+
+
+def _pack_int4(by_panel: torch.Tensor) -> torch.Tensor:
+    """(panels, K, PW) float32 -> the 4-bit panels: per column and group of 32 inputs, the offset m is
+    the group's smallest weight and the scale d spreads the range over 0..15 (both rounded to half
+    precision first, so that Q is fitted to the d and m the kernel reads). A weight matrix that was
+    stored that way (Q4_1) comes back exactly wherever a group holds both its 0 and its 15."""
+    n_panels, K, pw = by_panel.shape
+    G = K // INT4_GROUP
+    blocks = by_panel.reshape(n_panels, G, INT4_GROUP, pw)
+    lo, hi = blocks.amin(2), blocks.amax(2)  # (panels, G, PW)
+    m = lo.half()
+    d = ((hi - m.float()) / 15).half()
+    d = torch.where(d > 0, d, torch.ones_like(d))  # a constant group: every Q is 0
+    q = torch.round((blocks - m.float()[:, :, None]) / d.float()[:, :, None]).clamp_(0, 15).to(torch.uint8)
+    # a pair of inputs (k, k + 1) is 8 32-bit lanes; lane i holds columns i, 8 + i, 16 + i, 24 + i in
+    # 4-bit steps, k in its low 16 bits and k + 1 in its high 16 bits (csrc/panel_matmul.cpp)
+    pairs = q.view(n_panels, G, INT4_GROUP // 2, 2, 4, pw // 4)  # (.., pair, k or k + 1, 8-column block j, i)
+    lo, hi = pairs[:, :, :, :, 0] | (pairs[:, :, :, :, 1] << 4), pairs[:, :, :, :, 2] | (pairs[:, :, :, :, 3] << 4)
+    nibbles = torch.stack([lo, hi], -1).transpose(3, 4)  # (.., pair, i, k or k + 1, low or high byte)
+    out = _aligned(n_panels * G * _INT4_BYTES, torch.uint8).view(n_panels, G, _INT4_BYTES)
+    half = INT4_GROUP * INT4_GROUP // 2
+    out[:, :, :half] = nibbles.reshape(n_panels, G, half)
+    out[:, :, half:half + 2 * pw] = d.contiguous().view(torch.uint8)
+    out[:, :, half + 2 * pw:] = m.contiguous().view(torch.uint8)
+    return out.view(n_panels, G * _INT4_BYTES)
+
+
+def unpack_int4(packed: torch.Tensor, K: int, N: int) -> torch.Tensor:
+    """The float32 W (K, N) that pack(w, torch.uint4)'s bytes stand for: d * Q + m."""
+    pw, G = panel_width(), K // INT4_GROUP
+    g = packed.view(-1, G, _INT4_BYTES)
+    half = INT4_GROUP * INT4_GROUP // 2
+    b = g[:, :, :half].reshape(-1, G, INT4_GROUP // 2, pw // 4, 2, 2)  # (.., pair, i, k or k + 1, byte)
+    q = torch.stack([b[..., 0] & 15, b[..., 0] >> 4, b[..., 1] & 15, b[..., 1] >> 4], -1)  # (.., i, k, j)
+    q = q.permute(0, 1, 2, 4, 5, 3).reshape(-1, G, INT4_GROUP, pw).float()  # (.., pair, k, j, i) -> columns 8 j + i
+    d = g[:, :, half:half + 2 * pw].contiguous().view(torch.float16).float()
+    m = g[:, :, half + 2 * pw:].contiguous().view(torch.float16).float()
+    w = q * d[:, :, None] + m[:, :, None]  # (panels, G, 32, PW)
+    return w.reshape(-1, K, pw).transpose(0, 1).reshape(K, -1)[:, :N]
+
+
+_Q8_BYTES = INT4_GROUP * INT4_GROUP + 2 * INT4_GROUP  # a group: the int8 weights in pairs of inputs, then d
+
+
+def _pack_q8(by_panel: torch.Tensor) -> torch.Tensor:
+    """(panels, K, PW) float32 -> int8 panels with a scale per column and group of 32 inputs: d is the
+    group's largest magnitude / 127, rounded to half precision first. Weights stored that way (Q8_0)
+    come back exactly."""
+    n_panels, K, pw = by_panel.shape
+    G = K // INT4_GROUP
+    blocks = by_panel.reshape(n_panels, G, INT4_GROUP, pw)
+    d = (blocks.abs().amax(2) / 127).half()
+    d = torch.where(d > 0, d, torch.ones_like(d))  # an all-zero group stays zero
+    q = torch.round(blocks / d.float()[:, :, None]).clamp_(-127, 127).to(torch.int8)
+    pairs = q.view(n_panels, G, INT4_GROUP // 2, 2, pw).transpose(3, 4)  # (.., pair, column, k or k + 1)
+    out = _aligned(n_panels * G * _Q8_BYTES, torch.int8).view(n_panels, G, _Q8_BYTES)
+    body = INT4_GROUP * INT4_GROUP
+    out[:, :, :body] = pairs.reshape(n_panels, G, body)
+    out[:, :, body:] = d.contiguous().view(torch.int8)
+    return out.view(n_panels, G * _Q8_BYTES)
+
+
+def unpack_q8(packed: torch.Tensor, K: int, N: int) -> torch.Tensor:
+    """The float32 W (K, N) that pack(w, torch.qint8)'s bytes stand for: d * Q."""
+    pw, G = panel_width(), K // INT4_GROUP
+    g = packed.view(-1, G, _Q8_BYTES)
+    body = INT4_GROUP * INT4_GROUP
+    q = g[:, :, :body].reshape(-1, G, INT4_GROUP // 2, pw, 2).transpose(3, 4).reshape(-1, G, INT4_GROUP, pw)
+    d = g[:, :, body:].contiguous().view(torch.float16).float()
+    w = q.float() * d[:, :, None]
+    return w.reshape(-1, K, pw).transpose(0, 1).reshape(K, -1)[:, :N]
 
 
 def matmul(x: torch.Tensor, panels: torch.Tensor, n: int) -> torch.Tensor:
@@ -246,6 +337,17 @@ def has_int8() -> bool:
 def forward_rows_int8(*args):
     """forward_rows over int8 panels with a scale per column (kernels.pack(w, torch.int8))."""
     _load().forward_rows_int8(*args)
+
+
+def has_int4() -> bool:
+    """Whether the library was built with forward_rows_int4 (a compiler targeting AVX2 and F16C)."""
+    return available() and hasattr(_lib, "forward_rows_int4")
+
+
+def forward_rows_int4(*args):
+    """forward_rows with the layers' products over 4-bit panels (kernels.pack(w, torch.uint4)) and the
+    head over int8 ones with a scale per group of 32 inputs (kernels.pack(w, torch.qint8))."""
+    _load().forward_rows_int4(*args)
 
 
 def feature_input_half(*args):

@@ -102,8 +102,8 @@ class Linear(nn.Module):
         self._panels = {}  # dtype -> ((data_ptr, version) of W, its panels)
 
     def panel_weight(self, dtype=torch.float32):
-        """The panel kernel's copy of W (kernels.pack): float32, or rounded to float16 or int8 for
-        OneTokenDecoder(weights=...). Each copy is rebuilt when W changes."""
+        """The panel kernel's copy of W (kernels.pack): float32, or rounded to float16, int8 or 4 bits
+        (torch.uint4) for OneTokenDecoder(weights=...). Each copy is rebuilt when W changes."""
         w = self.weight
         key = (w.data_ptr(), w._version)
         cached = self._panels.get(dtype)
@@ -379,24 +379,31 @@ class FusedForward:
     weights="float16" reads the products' weights rounded to half precision (`forward_rows_half`),
     weights="int8" rounded to int8 against a scale per output column (`forward_rows_int8`): half or
     a quarter of the bytes, the arithmetic still in float32, the logits no longer the eager
-    path's. For a draft whose weights stream from memory for every token: feature_draft.py's
+    path's. weights="int4" reads the layers' weights in 4 bits with a scale and offset per column
+    and group of 32 inputs, and the head in int8 with a scale per group (`forward_rows_int4`): a
+    sixth of the bytes. For a draft whose weights stream from memory for every token: feature_draft.py's
     (36 MB in float32), or the target itself as its own draft (self_draft.py). A draft's
     proposals only need to be likely; verification keeps the output the target's.
     Weights are re-read on every call, so a model trained after this was built is seen as it is."""
 
-    WEIGHTS = {"float32": torch.float32, "float16": torch.float16, "int8": torch.int8}
+    WEIGHTS = {"float32": torch.float32, "float16": torch.float16, "int8": torch.int8, "int4": torch.uint4}
+    HEAD = {"int4": torch.qint8}  # the head's precision where it is not the layers'; see forward_rows_int4
 
     @staticmethod
     def supports(model, weights="float32") -> bool:
         """The model and the kernel library: float32 on the CPU, no biases, and for weights="float16"
-        / "int8" the library's forward for them (kernels.has_half(), kernels.has_int8())."""
+        / "int8" / "int4" the library's forward for them (kernels.has_half(), kernels.has_int8(),
+        kernels.has_int4()); "int4" also needs every layer product's inputs in groups of 32."""
         if weights not in FusedForward.WEIGHTS:
             raise ValueError(f"weights must be one of {sorted(FusedForward.WEIGHTS)}, got {weights!r}")
         head = model.head.proj if isinstance(model.head, VocabSubsetHead) else model.head
         linears = [head] + [m for b in model.layers for m in (b.attn.wqkv, b.attn.wo, b.mlp.w13, b.mlp.w2)]
-        built = {"float32": kernels.available, "float16": kernels.has_half, "int8": kernels.has_int8}[weights]
+        built = {"float32": kernels.available, "float16": kernels.has_half, "int8": kernels.has_int8,
+                 "int4": kernels.has_int4}[weights]
+        grouped = weights != "int4" or all(m.weight.shape[0] % kernels.INT4_GROUP == 0
+                                           and m.weight.shape[0] <= kernels.INT4_MAX_K for m in linears)
         return (PANEL_MATMUL and built() and model.dtype == torch.float32 and model.device.type == "cpu"
-                and all(m.bias is None and m.weight.is_contiguous() for m in linears))
+                and all(m.bias is None and m.weight.is_contiguous() for m in linears) and grouped)
 
     @staticmethod
     def supports_cache(cache) -> bool:
@@ -408,13 +415,13 @@ class FusedForward:
         if not FusedForward.supports(model, weights):
             raise ValueError("FusedForward needs a float32 CPU model without biases and the kernel library "
                              "(kernels.available(); weights='float16' needs kernels.has_half(), 'int8' "
-                             "kernels.has_int8())")
+                             "kernels.has_int8(), 'int4' kernels.has_int4() and layer inputs in groups of 32)")
         self.model, self.weights = model, weights
         self.work = torch.empty(0)
         self._rows = 0  # rows of the last call, whose hidden states `work` holds
         self._pointers, self._key, self._held = None, None, None
         self._forward = {"float32": kernels.forward_rows, "float16": kernels.forward_rows_half,
-                         "int8": kernels.forward_rows_int8}[weights]
+                         "int8": kernels.forward_rows_int8, "int4": kernels.forward_rows_int4}[weights]
         self.padded = lambda n, pw=kernels.panel_width(): -(-n // pw) * pw
 
     def _parts(self):
@@ -439,7 +446,8 @@ class FusedForward:
         the head's panels, the head's width and the layer count. Norms are read as they are,
         products from their panels at this forward's precision."""
         dt = FusedForward.WEIGHTS[self.weights]
-        held = [m.panel_weight(dt) if isinstance(m, Linear) else m._parameters["weight"] for m in parts]
+        held = [m.panel_weight(dt) if isinstance(m, Linear) else m._parameters["weight"] for m in parts[:-1]]
+        held.append(parts[-1].panel_weight(self.HEAD.get(self.weights, dt)))
         self._held = held  # what the pointers point into stays alive
         n_layers = (len(parts) - 2) // 6
         groups = [(ctypes.c_void_p * n_layers)(*[t.data_ptr() for t in held[i:-2:6]]) for i in range(6)]
@@ -536,8 +544,8 @@ class OneTokenDecoder:
     @staticmethod
     def supports(model, cache, by_token=True, weights="float32") -> bool:
         """by_token=False: only `embedded` calls, which need no embedding table of the model's own.
-        weights="float16" / "int8": also the kernel library's forward for them (kernels.has_half(),
-        kernels.has_int8())."""
+        weights="float16" / "int8" / "int4": also the kernel library's forward for them
+        (kernels.has_half(), kernels.has_int8(), kernels.has_int4())."""
         return (FusedForward.supports(model, weights) and FusedForward.supports_cache(cache)
                 and (not by_token or (model.embed is not None and model.embed.weight.is_contiguous()
                                       and model.embed.weight.dtype == torch.float32)))
@@ -547,7 +555,7 @@ class OneTokenDecoder:
             raise ValueError("OneTokenDecoder needs a float32 CPU model with untied embeddings (or by_token=False) "
                              "and no biases, a contiguous batch-1 float32 KVCache, and the kernel library "
                              "(kernels.available(); weights='float16' needs kernels.has_half(), 'int8' "
-                             "kernels.has_int8())")
+                             "kernels.has_int8(), 'int4' kernels.has_int4())")
         self.model, self.cache, self.by_token, self.weights = model, cache, by_token, weights
         self.fused = FusedForward(model, weights)
 

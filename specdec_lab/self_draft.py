@@ -1,4 +1,4 @@
-"""The target as its own draft: the same weights, read as int8 (self-speculative decoding).
+"""The target as its own draft: the same weights, read as int8 or 4 bits (self-speculative decoding).
 
 A distilled draft agrees with the default target's greedy choice on 53-61% of tokens
 (draft/, feature_draft.py). The target's own weights rounded to int8, with a scale per
@@ -6,7 +6,9 @@ output column (kernels.pack), agree far more often, and one token through them r
 quarter of the bytes: 134 MB instead of 540 MB for the default target. On a CPU whose
 decode is bound by memory that is what a draft must be: likely to be right, and cheap to
 read. QuantSpec (arXiv 2502.10424) drafts this way on GPUs, with the weights and the
-keys and values in 4 bits.
+keys and values in 4 bits. weights="int4" reads the layers in 4 bits (a half-precision scale and
+offset per column and group of 32 inputs, kernels.pack(w, torch.uint4)) and the head in int8: 94 MB
+a token for the default target, whose layers came as 4 bits (Q4_1) and so come back exactly.
 
 The draft shares the target's KV cache. With c the last committed token, drafting
 d_1..d_k runs c, d_1..d_{k-1} through the int8 forward (model.OneTokenDecoder), which
@@ -16,7 +18,7 @@ overwrites those entries with the target's own. So the draft attends to the targ
 exact keys and values for everything committed, keeps no cache of its own, and needs no
 catch-up forward after a step: each step costs exactly k draft forwards.
 
-    draft = SelfDraft(target)                       # weights="float16" reads half the bytes
+    draft = SelfDraft(target)                       # "int4": 4-bit layers; "float16": half the bytes
     engine = SpeculativeEngine(target, draft, k=6)  # contiguous cache only
     SelfDraft(target, lookup=True)                  # prompt lookup first, the int8 weights elsewhere
 
@@ -26,6 +28,7 @@ target's distribution exactly (sampling).
 """
 import torch
 
+from . import kernels
 from .drafters import draft_token
 from .kv_cache import KVCache
 from .model import FusedForward, OneTokenDecoder, Transformer
@@ -33,19 +36,22 @@ from .model import FusedForward, OneTokenDecoder, Transformer
 
 class SelfDraft:
     """A handle that tells SpeculativeEngine to draft with `target`'s own weights at `weights`
-    precision ("int8" or "float16"), through the target's KV cache; with lookup=True, only where
-    prompt lookup finds nothing to copy (drafters.LookupThenModelDrafter)."""
+    precision ("int8", "int4" or "float16"), through the target's KV cache; with lookup=True, only
+    where prompt lookup finds nothing to copy (drafters.LookupThenModelDrafter). "int4" reads the
+    layers in 4 bits (a scale and offset per column and group of 32 inputs) and the head in int8:
+    `best_weights(target)` says whether the kernels and the model's shapes allow it."""
 
     def __init__(self, target: Transformer, weights: str = "int8", lookup: bool = False):
-        if weights not in ("int8", "float16"):
-            raise ValueError(f"weights must be 'int8' or 'float16', got {weights!r}")
+        if weights not in ("int8", "int4", "float16"):
+            raise ValueError(f"weights must be 'int8', 'int4' or 'float16', got {weights!r}")
         if not isinstance(lookup, bool):
             raise ValueError(f"lookup must be True or False, got {lookup!r}")
         if not isinstance(target, Transformer):
             raise ValueError(f"target must be a specdec_lab Transformer, got {type(target).__name__}")
         if not FusedForward.supports(target, weights):
             raise ValueError(f"a {weights} self-draft needs a float32 CPU target without biases and the kernel "
-                             f"library built for it (kernels.has_int8() / kernels.has_half())")
+                             f"library built for it (kernels.has_int8() / has_int4() / has_half()); int4 also "
+                             f"needs every layer product's inputs in groups of {kernels.INT4_GROUP}")
         self.target, self.weights = target, weights
         # lookup=True: prompt lookup first (drafters.LookupThenModelDrafter), the rounded weights where
         # the context does not repeat. A copied proposal costs no draft forward, and a self-draft
@@ -58,6 +64,13 @@ class SelfDraft:
 
     def __repr__(self):
         return f"SelfDraft({self.weights}, {self.cfg.n_layers} layers{', after prompt lookup' if self.lookup else ''})"
+
+
+def best_weights(target: Transformer) -> str:
+    """The fewest bytes a self-draft of `target` can read here: "int4" where the kernel library has
+    forward_rows_int4 and the model's shapes fit it, else "int8". The benchmark and the command line's
+    --self-draft use it. SelfDraft's own default stays "int8"."""
+    return "int4" if FusedForward.supports(target, "int4") else "int8"
 
 
 class SelfDrafter:
@@ -107,7 +120,8 @@ class SelfDrafter:
 class QuantizedDecoding:
     """The target decoding on its own through the draft's rounded weights: what SelfDraft drafts
     with, with nothing verified. It is another model: its answers leave the float32 target's
-    wherever a rounded weight tips an argmax. For comparison only (the bench's `int8_decode`):
+    wherever a rounded weight tips an argmax. For comparison only (the bench's `int8_decode` or
+    `int4_decode`):
 
         autoregressive_generate(QuantizedDecoding(SelfDraft(target)), prompt)
 

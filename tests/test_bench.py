@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from specdec_lab import bench
+from specdec_lab import bench, kernels
 from specdec_lab import model as model_module
 from specdec_lab.config import ModelConfig
 from specdec_lab.feature_draft import FeatureDraft
@@ -208,8 +208,9 @@ def quick_doc(default_target, hf_target, stand_in_draft_dir):
 
 FEATURE = [f"spec_feat_k{k}" for k in bench.FEATURE_KS] + ["spec_feat_stop", "spec_feat_lookup"]
 SELF = [f"spec_self_k{k}" for k in bench.SELF_KS]
+SELF_WEIGHTS = "int4" if kernels.has_int4() else "int8"  # the default target's shapes fit 4 bits
 EXPECTED = ["ar", "spec_k2", "spec_adaptive", "spec_stop", "spec_lookup", *FEATURE, *SELF, "spec_self_lookup",
-            "int8_decode", "hf_generate", "hf_assisted"]
+            f"{SELF_WEIGHTS}_decode", "hf_generate", "hf_assisted"]
 
 
 @pytest.mark.slow
@@ -290,19 +291,19 @@ def test_self_draft_systems_are_predicted_from_their_own_alpha_and_c(quick_doc):
     # The self-draft's alpha is not the shipped draft's: the theorem takes the figures its own steps
     # measured, with the verification cost timed at its K.
     costs = quick_doc["costs"]
-    assert quick_doc["models"]["self_draft"] == "int8"
+    assert quick_doc["models"]["self_draft"] == SELF_WEIGHTS
     for r in quick_doc["results"]:
         for k, name in zip(bench.SELF_KS, SELF):
             s = r["systems"][name]
-            assert s["label"] == f"self-draft int8, K={k}" and "predicted_speedup" not in s
+            assert s["label"] == f"self-draft {SELF_WEIGHTS}, K={k}" and "predicted_speedup" not in s
             assert 0.0 <= s["alpha"] <= 1.0 and s["c"] > 0 and s["mean_k"] <= k
             v = costs["verify_cost"][str(k)] if str(k) in costs["verify_cost"] else costs["verify_cost"][k]
             assert s["predicted_speedup_own"] == pytest.approx(expected_speedup(s["alpha"], k, s["c"], v))
         s = r["systems"]["spec_self_lookup"]  # copied and drafted steps mixed: no single alpha and c to predict from
-        assert s["label"] == f"self-draft int8, lookup + K={bench.SELF_LOOKUP_K}"
+        assert s["label"] == f"self-draft {SELF_WEIGHTS}, lookup + K={bench.SELF_LOOKUP_K}"
         assert s["k"] == f"<={bench.SELF_LOOKUP_K}" and "predicted_speedup_own" not in s and "predicted_speedup" not in s
-        s = r["systems"]["int8_decode"]  # the same weights decoding alone: no drafts, no prediction
-        assert s["label"] == "int8 decode alone, unverified" and "alpha" not in s and s["mean_tokens_per_step"] == 1.0
+        s = r["systems"][f"{SELF_WEIGHTS}_decode"]  # the same weights decoding alone: no drafts, no prediction
+        assert s["label"] == f"{SELF_WEIGHTS} decode alone, unverified" and "alpha" not in s and s["mean_tokens_per_step"] == 1.0
         # the bar is also reported for the shipped draft alone, where another draft is the fastest
         t, tag = quick_doc["targets"], f"t{r['temperature']:g}"
         shipped = t.get(f"{tag}_best_with_shipped_draft")
@@ -347,9 +348,9 @@ def test_by_kind_splits_the_calls_by_their_prompts_kind():
 def test_greedy_speculative_and_transformers_reproduce_greedy_decoding(quick_doc):
     sy = quick_doc["results"][0]["systems"]
     for name in EXPECTED:
-        if name != "int8_decode":  # the rounded weights alone, unverified: another model, reported as such
+        if name != f"{SELF_WEIGHTS}_decode":  # the rounded weights alone, unverified: another model, reported as such
             assert sy[name]["same_output_as_ar"] == 1.0, f"{name} at temperature 0 differs from greedy decoding"
-    assert 0.0 <= sy["int8_decode"]["same_output_as_ar"] <= 1.0
+    assert 0.0 <= sy[f"{SELF_WEIGHTS}_decode"]["same_output_as_ar"] <= 1.0
 
 
 @pytest.mark.slow
