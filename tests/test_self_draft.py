@@ -13,6 +13,9 @@ from specdec_lab.self_draft import QuantizedDecoding, SelfDraft, SelfDrafter, be
 pytestmark = pytest.mark.skipif(not kernels.has_int8(),
                                 reason="the kernel library was built without AVX2 (kernels.has_int8() is False)")
 
+needs_int4 = pytest.mark.skipif(not kernels.has_int4(), reason="the kernel library was built without AVX2 and "
+                                "F16C (kernels.has_int4() is False)")
+
 PROMPTS = [[1, 2, 3], [5], [7, 7, 7, 7, 2, 9], [3, 4]]
 
 
@@ -48,6 +51,7 @@ def _q4_1_like(K, N, seed=0):
     return (d * q + m).reshape(K, N)
 
 
+@needs_int4
 def test_4bit_panels_stand_for_the_weight_to_half_a_step_per_group():
     torch.manual_seed(0)
     w = torch.randn(64, 70)
@@ -68,7 +72,7 @@ def test_4bit_panels_stand_for_the_weight_to_half_a_step_per_group():
         kernels.pack(torch.randn(40, 8), torch.uint4)
 
 
-@pytest.mark.parametrize("weights", ["int8", "int4"])
+@pytest.mark.parametrize("weights", ["int8", pytest.param("int4", marks=needs_int4)])
 def test_the_rounded_forward_is_the_float32_forward_of_the_weights_it_stands_for(target, weights):
     # forward_rows_int8 reads the int8 panels and scales each sum once; forward_rows_int4 reads the
     # layers' 4-bit panels and the head's int8 ones with a scale per group of 32, with x rounded to
@@ -111,6 +115,7 @@ def _q8_0_like(K, N, seed=0):
     return (d * q).reshape(K, N)
 
 
+@needs_int4
 def test_int8_panels_with_a_scale_per_group_give_q8_0_weights_back():
     w = _q8_0_like(64, 70)
     packed = kernels.pack(w, torch.qint8)
@@ -122,6 +127,7 @@ def test_int8_panels_with_a_scale_per_group_give_q8_0_weights_back():
     assert ((kernels.unpack_q8(kernels.pack(r, torch.qint8), 64, 70) - r).abs() <= step / 2 + 1e-3 * step).all()
 
 
+@needs_int4
 def test_a_4bit_forward_of_q4_1_and_q8_0_weights_is_the_float32_forward():
     # The default target's layers came as Q4_1 and its head as Q8_0: read that way they lose nothing,
     # and the forward differs from float32 only by the rounding of x to int16 per group.
@@ -142,7 +148,7 @@ def test_a_4bit_forward_of_q4_1_and_q8_0_weights_is_the_float32_forward():
     assert not torch.equal(y4, y32)  # x in int16: close, not bit-for-bit
 
 
-@pytest.mark.parametrize("weights", ["int8", "int4", "float16"])
+@pytest.mark.parametrize("weights", ["int8", pytest.param("int4", marks=needs_int4), "float16"])
 @pytest.mark.parametrize("k", [1, 3, 6])
 def test_greedy_with_a_self_draft_equals_autoregressive(target, weights, k):
     engine = sl.SpeculativeEngine(target, SelfDraft(target, weights), k=k)
@@ -254,7 +260,8 @@ def test_quantized_decoding_is_the_draft_decoding_alone(target):
                                                  temperature=0.8, seed=3).tokens and len(sampled) >= 1
 
 
-@pytest.mark.parametrize("k,temperature,weights", [(2, 1.0, "int8"), (4, 0.7, "int8"), (4, 0.7, "int4")])
+@pytest.mark.parametrize("k,temperature,weights", [(2, 1.0, "int8"), (4, 0.7, "int8"),
+                                                   pytest.param(4, 0.7, "int4", marks=needs_int4)])
 def test_sampling_with_a_self_draft_is_distributed_as_the_target(k, temperature, weights):
     from test_engine import V, _tiny_pair, chi_square_pvalue, exact_distribution
     target, _ = _tiny_pair()
@@ -269,7 +276,7 @@ def test_what_a_self_draft_refuses(target):
     with pytest.raises(ValueError, match="weights"):
         SelfDraft(target, "int2")
     narrow = sl.tiny_model(0, dim=16, n_heads=2, n_kv_heads=1)  # inputs not in groups of 32
-    assert best_weights(narrow) == "int8" and best_weights(target) == "int4"
+    assert best_weights(narrow) == "int8" and best_weights(target) == ("int4" if kernels.has_int4() else "int8")
     with pytest.raises(ValueError, match="groups of 32"):
         SelfDraft(narrow, "int4")
     with pytest.raises(ValueError, match="target"):
@@ -294,13 +301,12 @@ def test_the_default_target_drafts_for_itself_in_int8(default_target):
 
 
 @pytest.mark.slow
+@needs_int4
 def test_the_default_target_drafts_for_itself_in_4_bits(default_target):
     """On the real model: its layers came as Q4_1 and its head as Q8_0, so the 4-bit self-draft reads
     them back exactly; it agrees with the target at least as often as the int8 draft does, and the
     output stays the target's own."""
     from test_engine import greedy_acceptance
-    if not kernels.has_int4():
-        pytest.skip("the kernel library was built without AVX2 and F16C (kernels.has_int4() is False)")
     layer = default_target.layers[3]
     for mod in (layer.attn.wqkv, layer.attn.wo, layer.mlp.w13, layer.mlp.w2):
         K, N = mod.weight.shape
