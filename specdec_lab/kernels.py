@@ -179,8 +179,8 @@ def pack(w: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
         raise ValueError(f"dtype must be torch.float32, torch.float16, torch.int8, torch.uint4 or torch.qint8, "
                          f"got {dtype}")
     if dtype in (torch.uint4, torch.qint8) and (w.shape[0] % INT4_GROUP or w.shape[0] > INT4_MAX_K):
-        raise ValueError(f"a 4-bit weight needs a multiple of {INT4_GROUP} inputs, at most {INT4_MAX_K}, "
-                         f"got {w.shape[0]}")
+        raise ValueError(f"a weight packed in groups ({dtype}) needs a multiple of {INT4_GROUP} inputs, "
+                         f"at most {INT4_MAX_K}, got {w.shape[0]}")
     pw = panel_width()
     K, N = w.shape
     n_pad = -N % pw

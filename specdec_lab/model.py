@@ -102,8 +102,9 @@ class Linear(nn.Module):
         self._panels = {}  # dtype -> ((data_ptr, version) of W, its panels)
 
     def panel_weight(self, dtype=torch.float32):
-        """The panel kernel's copy of W (kernels.pack): float32, or rounded to float16, int8 or 4 bits
-        (torch.uint4) for OneTokenDecoder(weights=...). Each copy is rebuilt when W changes."""
+        """The panel kernel's copy of W (kernels.pack): float32, or rounded to float16, int8, 4 bits
+        (torch.uint4) or int8 per group (torch.qint8) for OneTokenDecoder(weights=...). Each copy is
+        rebuilt when W changes."""
         w = self.weight
         key = (w.data_ptr(), w._version)
         cached = self._panels.get(dtype)
@@ -393,7 +394,7 @@ class FusedForward:
     def supports(model, weights="float32") -> bool:
         """The model and the kernel library: float32 on the CPU, no biases, and for weights="float16"
         / "int8" / "int4" the library's forward for them (kernels.has_half(), kernels.has_int8(),
-        kernels.has_int4()); "int4" also needs every layer product's inputs in groups of 32."""
+        kernels.has_int4()); "int4" also needs every product's inputs (the head's too) in groups of 32."""
         if weights not in FusedForward.WEIGHTS:
             raise ValueError(f"weights must be one of {sorted(FusedForward.WEIGHTS)}, got {weights!r}")
         head = model.head.proj if isinstance(model.head, VocabSubsetHead) else model.head
@@ -415,7 +416,7 @@ class FusedForward:
         if not FusedForward.supports(model, weights):
             raise ValueError("FusedForward needs a float32 CPU model without biases and the kernel library "
                              "(kernels.available(); weights='float16' needs kernels.has_half(), 'int8' "
-                             "kernels.has_int8(), 'int4' kernels.has_int4() and layer inputs in groups of 32)")
+                             "kernels.has_int8(), 'int4' kernels.has_int4() and inputs in groups of 32)")
         self.model, self.weights = model, weights
         self.work = torch.empty(0)
         self._rows = 0  # rows of the last call, whose hidden states `work` holds

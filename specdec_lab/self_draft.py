@@ -51,7 +51,7 @@ class SelfDraft:
         if not FusedForward.supports(target, weights):
             raise ValueError(f"a {weights} self-draft needs a float32 CPU target without biases and the kernel "
                              f"library built for it (kernels.has_int8() / has_int4() / has_half()); int4 also "
-                             f"needs every layer product's inputs in groups of {kernels.INT4_GROUP}")
+                             f"needs every product's inputs in groups of {kernels.INT4_GROUP}")
         self.target, self.weights = target, weights
         # lookup=True: prompt lookup first (drafters.LookupThenModelDrafter), the rounded weights where
         # the context does not repeat. A copied proposal costs no draft forward, and a self-draft

@@ -238,10 +238,9 @@ static void product_row(const float *x, const signed char *P, float *y, long K, 
 #ifndef Q4_PREFETCH
 #define Q4_PREFETCH 8192
 #endif
-static void product_row(const float *x, const unsigned char *P, float *y, long K, long N) {
-    const long G = K / 32;
-    short xq[Q4_MAX_K] __attribute__((aligned(32)));
-    float sx[Q4_MAX_K / 32], xsum[Q4_MAX_K / 32];
+/* x (G groups of 32) rounded to int16 per group: xq = x / sx, sx the group's largest magnitude / 32767;
+ * xsum, where asked for, each group's sum in float. */
+static void round_groups(const float *x, long G, short *xq, float *sx, float *xsum) {
     for (long g = 0; g < G; g++) {
         const float *xg = x + g * 32;
         float top = 0.0f, sum = 0.0f;
@@ -252,8 +251,15 @@ static void product_row(const float *x, const unsigned char *P, float *y, long K
         const float s = top > 0.0f ? top / 32767.0f : 1.0f;
         for (int i = 0; i < 32; i++) xq[g * 32 + i] = (short)__builtin_lrintf(xg[i] / s);
         sx[g] = s;
-        xsum[g] = sum;
+        if (xsum) xsum[g] = sum;
     }
+}
+
+static void product_row(const float *x, const unsigned char *P, float *y, long K, long N) {
+    const long G = K / 32;
+    short xq[Q4_MAX_K] __attribute__((aligned(32)));
+    float sx[Q4_MAX_K / 32], xsum[Q4_MAX_K / 32];
+    round_groups(x, G, xq, sx, xsum);
     const __m256i low = _mm256_set1_epi16(0x000F);
     for (long t = 0; t < N / PW; t++) {
         const unsigned char *p = P + t * G * Q4_GROUP;
@@ -299,14 +305,7 @@ static void product_row(const float *x, const q8_group *P8, float *y, long K, lo
     const long G = K / 32;
     short xq[Q4_MAX_K] __attribute__((aligned(32)));
     float sx[Q4_MAX_K / 32];
-    for (long g = 0; g < G; g++) {
-        const float *xg = x + g * 32;
-        float top = 0.0f;
-        for (int i = 0; i < 32; i++) top = __builtin_fabsf(xg[i]) > top ? __builtin_fabsf(xg[i]) : top;
-        const float s = top > 0.0f ? top / 32767.0f : 1.0f;
-        for (int i = 0; i < 32; i++) xq[g * 32 + i] = (short)__builtin_lrintf(xg[i] / s);
-        sx[g] = s;
-    }
+    round_groups(x, G, xq, sx, nullptr);
     for (long t = 0; t < N / PW; t++) {
         const signed char *p = P + t * G * Q8_GROUP;
         __m256 acc[4];
