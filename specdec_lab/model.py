@@ -14,6 +14,7 @@ which is what batch-1 decode on a CPU wants. Weight matrices are stored
 """
 import ctypes
 import math
+import threading
 import weakref
 
 import torch
@@ -385,7 +386,9 @@ class FusedForward:
     sixth of the bytes. For a draft whose weights stream from memory for every token: feature_draft.py's
     (36 MB in float32), or the target itself as its own draft (self_draft.py). A draft's
     proposals only need to be likely; verification keeps the output the target's.
-    Weights are re-read on every call, so a model trained after this was built is seen as it is."""
+    Weights are re-read on every call, so a model trained after this was built is seen as it is.
+    Threads may share one: each has its own scratch memory, so two engines over one target can
+    decode at once, each with its own cache."""
 
     WEIGHTS = {"float32": torch.float32, "float16": torch.float16, "int8": torch.int8, "int4": torch.uint4}
     HEAD = {"int4": torch.qint8}  # the head's precision where it is not the layers'; see forward_rows_int4
@@ -418,9 +421,10 @@ class FusedForward:
                              "(kernels.available(); weights='float16' needs kernels.has_half(), 'int8' "
                              "kernels.has_int8(), 'int4' kernels.has_int4() and inputs in groups of 32)")
         self.model, self.weights = model, weights
-        self.work = torch.empty(0)
-        self._rows = 0  # rows of the last call, whose hidden states `work` holds
-        self._pointers, self._key, self._held = None, None, None
+        # Scratch memory is each thread's own: the kernel runs without the GIL, and two engines may
+        # share a model. `work` holds a call's hidden states and attention scores, `rows` its row count.
+        self._scratch = threading.local()
+        self._built = (None, None)  # (freshness key, pointer arrays with the panels they point into)
         self._forward = {"float32": kernels.forward_rows, "float16": kernels.forward_rows_half,
                          "int8": kernels.forward_rows_int8, "int4": kernels.forward_rows_int4}[weights]
         self.padded = lambda n, pw=kernels.panel_width(): -(-n // pw) * pw
@@ -449,10 +453,10 @@ class FusedForward:
         dt = FusedForward.WEIGHTS[self.weights]
         held = [m.panel_weight(dt) if isinstance(m, Linear) else m._parameters["weight"] for m in parts[:-1]]
         held.append(parts[-1].panel_weight(self.HEAD.get(self.weights, dt)))
-        self._held = held  # what the pointers point into stays alive
         n_layers = (len(parts) - 2) // 6
         groups = [(ctypes.c_void_p * n_layers)(*[t.data_ptr() for t in held[i:-2:6]]) for i in range(6)]
-        return groups, held[-2].data_ptr(), held[-1].data_ptr(), parts[-1].weight.shape[1], n_layers
+        # `held` keeps what the pointers point into alive while any call still reads them
+        return groups, held[-2].data_ptr(), held[-1].data_ptr(), parts[-1].weight.shape[1], n_layers, held
 
     def __call__(self, rows: torch.Tensor, cache: KVCache, head: bool = True):
         """rows (R, dim) float32: input rows (token embeddings, or a feature draft's own) at positions
@@ -475,23 +479,26 @@ class FusedForward:
         # Panels and pointer arrays are rebuilt only when a weight changed: another tensor, or written
         parts = self._parts()
         key = [(w.data_ptr(), w._version) for w in (m._parameters["weight"] for m in parts)]
-        if key != self._key:
-            self._pointers, self._key = self._build(parts), key
-        groups, norm_ptr, head_ptr, n, n_layers = self._pointers
+        built_key, pointers = self._built
+        if key != built_key:
+            pointers = self._build(parts)
+            self._built = (key, pointers)  # one assignment: another thread sees the old pair or the new
+        groups, norm_ptr, head_ptr, n, n_layers, _held = pointers
         H, Hkv, D = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
         need = kernels.forward_work(R, cfg.dim, H, Hkv, D, cfg.intermediate_size, cache.capacity)
-        if self.work.numel() < need:
-            self.work = torch.empty(need)
+        scratch = self._scratch
+        if getattr(scratch, "work", None) is None or scratch.work.numel() < need:
+            scratch.work = torch.empty(need)
         n_out = self.padded(n) if head else 0
         logits = torch.empty(R, n_out)
         cos, sin = m.rope_cos[pos:pos + R], m.rope_sin[pos:pos + R]  # (R, D), the rotate-half layout
         self._forward(
             rows.data_ptr(), R, n_layers, *groups, norm_ptr, head_ptr,
             n_out, cache.k.data_ptr(), cache.v.data_ptr(), cache.capacity, pos, cos.data_ptr(),
-            sin.data_ptr(), cfg.dim, H, Hkv, D, cfg.intermediate_size, cfg.norm_eps, self.work.data_ptr(),
+            sin.data_ptr(), cfg.dim, H, Hkv, D, cfg.intermediate_size, cfg.norm_eps, scratch.work.data_ptr(),
             logits.data_ptr())
         cache.advance(R)
-        self._rows = R
+        scratch.rows = R
         if not head:
             return None
         y = logits[:, :n]
@@ -500,10 +507,12 @@ class FusedForward:
         return y
 
     def hidden_states(self) -> torch.Tensor:
-        """The last call's final normalised hidden states (R, dim): what Transformer.hidden returns for
-        those rows. A view of the work buffer, overwritten by the next call."""
-        dim, R = self.model.cfg.dim, self._rows
-        return self.work[R * dim:2 * R * dim].view(R, dim)
+        """This thread's last call's final normalised hidden states (R, dim): what Transformer.hidden
+        returns for those rows. A view of the thread's work buffer, overwritten by its next call."""
+        dim, R = self.model.cfg.dim, getattr(self._scratch, "rows", 0)
+        if R == 0:
+            raise RuntimeError("hidden_states() reads the last call's rows: this thread has made no call yet")
+        return self._scratch.work[R * dim:2 * R * dim].view(R, dim)
 
 
 # Each model's FusedForward (Transformer.hidden builds it on first use; False where the model is not

@@ -472,3 +472,40 @@ def test_a_failed_fused_forward_changes_nothing():
             with pytest.raises(ValueError, match="rows must"):
                 fused(bad, cache)
         assert cache.length == 4 and torch.equal(cache.k, k)
+
+
+def test_two_threads_can_decode_with_one_model_at_once():
+    """Two engines may share a target, each thread with its own cache. The kernel runs without the
+    GIL, so the fused forward's scratch memory must be each thread's own: shared, one thread's
+    hidden states and attention scores are written over by the other's mid-call."""
+    import threading
+    from specdec_lab.kv_cache import KVCache
+    m = _untied(7, dim=128, n_layers=4, vocab_size=512)
+    prompts = [torch.randint(0, 512, (1, 40), generator=torch.Generator().manual_seed(s)) for s in (1, 2)]
+    steps = 60
+
+    @torch.inference_mode()
+    def decode(prompt, out):  # greedy, one token a step, every step's logits and hidden state kept
+        cache = KVCache.for_model(m.cfg, 40 + steps)
+        x = prompt
+        for _ in range(steps):
+            h = m.hidden(x, cache=cache)[0, -1:]
+            logits = m.head(h)[0]
+            out.append((logits, h[0].clone()))
+            x = logits.argmax().view(1, 1)
+
+    alone = [[], []]
+    for prompt, out in zip(prompts, alone):
+        decode(prompt, out)
+    assert model_module._FUSED.get(m), "the fused forward must be the one under test"
+    for _ in range(3):
+        together = [[], []]
+        threads = [threading.Thread(target=decode, args=(p, o)) for p, o in zip(prompts, together)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for a, b in zip(alone, together):
+            assert len(a) == len(b) == steps
+            for i, ((la, ha), (lb, hb)) in enumerate(zip(a, b)):
+                assert torch.equal(ha, hb) and torch.equal(la, lb), f"step {i} differs when two threads decode"
