@@ -59,3 +59,25 @@ def test_lookup_copies_what_followed_the_last_tokens_and_the_draft_is_not_run():
     assert dc.lookup_then_draft(run, 0, k=3) == ([[3, 4, 5]], 0)
     paths, forwards = dc.lookup_then_draft(run, 0, k=3, stop_below=None, together=True)
     assert paths == [[0, -1, -1], [3, 4, 5]] and forwards == 3
+
+
+def test_a_better_draft_keeps_every_hit_and_gains_the_asked_share():
+    answers = [list(range(10, 30)), list(range(40, 60))]
+    firsts = [[t if i % 4 == 0 else 7 for i, t in enumerate(a)] for a in answers]  # right at 1 in 4
+    runs = [make_run(a, f, conf=0.9) for a, f in zip(answers, firsts)]
+    for run in runs:
+        run["conf"] = [0.9 if r == 0 else 0.1 for r in run["ranks"]]
+    better = dc.improved(runs, 0.6, seed=1)
+    hits = [r == 0 for run in better for r in run["ranks"]]
+    assert sum(hits) == 24  # 0.6 of 40 positions
+    for old, new in zip(runs, better):
+        assert all(n == 0 for o, n in zip(old["ranks"], new["ranks"]) if o == 0)  # every old hit stays
+        for j, rank in enumerate(new["ranks"]):  # ranks, choices and confidences agree
+            assert (new["choices"][j][0] == new["answer"][j]) == (rank == 0)
+            assert new["conf"][j] == (0.9 if rank == 0 else 0.1)
+        assert old["ranks"].count(0) == 5 and old["choices"][1][0] == 7  # the input is left as it was
+    assert dc.improved(runs, 0.1) == runs  # asking for less than it has changes nothing
+    # More agreement is never slower along the same answers.
+    speeds = [dc.replay(dc.improved(runs, a), lambda r, j: dc.draft_chain(r, j, k=4), 0.05, flat)
+              for a in (0.25, 0.5, 0.75, 1.0)]
+    assert speeds == sorted(speeds) and speeds[-1] == pytest.approx(5 / (1 + 4 * 0.05))
