@@ -39,12 +39,12 @@ MISS = TOP  # the rank given to a token outside them
 
 
 @torch.no_grad()
-def collect(max_new_tokens=64):
+def collect(max_new_tokens=64, prompts=BENCH_PROMPTS, pair=None):
     """Per prompt: the prompt ids, the target's greedy answer, and at each answer position the
     draft's top-TOP token ids and probabilities with the answer token's rank among them."""
-    pair = load_default_pair()
+    pair = pair or load_default_pair()
     runs = []
-    for i, prompt in enumerate(BENCH_PROMPTS):
+    for i, prompt in enumerate(prompts):
         res = autoregressive_generate(pair.target, prompt, max_new_tokens=max_new_tokens)
         ids, answer = list(res.prompt_ids), list(res.tokens)
         logits = pair.draft(torch.tensor([ids + answer]))[0, len(ids) - 1:len(ids) - 1 + len(answer)]
@@ -52,7 +52,7 @@ def collect(max_new_tokens=64):
         choices = top.indices.tolist()
         ranks = [c.index(t) if t in c else MISS for c, t in zip(choices, answer)]
         runs.append(dict(prompt=ids, answer=answer, choices=choices, conf=top.values[:, 0].tolist(), ranks=ranks))
-        print(f"prompt {i + 1}/{len(BENCH_PROMPTS)}: {len(answer)} tokens", flush=True)
+        print(f"prompt {i + 1}/{len(prompts)}: {len(answer)} tokens", flush=True)
     return runs
 
 
@@ -107,15 +107,39 @@ def replay(runs, propose, c, verify_cost):
     return tokens / cost
 
 
+def verify_costs(costs):
+    """v(T), the cost of a target forward over T tokens in one-token forwards, from a bench
+    document's "costs": the measured K = T - 1 where there is one, else a straight line through the
+    two nearest measured points (past the last, its slope continues)."""
+    v = {1: 1.0} | {int(k) + 1: x for k, x in costs["verify_cost"].items()}  # by tokens in the forward
+    known = sorted(v)
+
+    def measured(T):
+        if T in v:
+            return v[T]
+        lo = max([t for t in known if t < T], default=known[0])
+        hi = min([t for t in known if t > T], default=None)
+        if hi is None:  # past the measured range
+            lo, hi = known[-2], known[-1]
+        return v[lo] + (v[hi] - v[lo]) * (T - lo) / (hi - lo)
+    return measured
+
+
+AGREEMENTS = (0.50, 0.55, 0.60, 0.65, 0.70, 0.75, 0.80)
+COST_MULTIPLES = (1, 2, 4)
+
+
+def agreement_table(runs, c, measured, agreements=AGREEMENTS, multiples=COST_MULTIPLES):
+    """{multiple: [lookup + stop's speedup over the decode loop at each agreement]} for a better draft
+    (`improved`) costing c * multiple, with v(T) = measured(T)."""
+    return {m: [replay(improved(runs, a), lambda run, j: lookup_then_draft(run, j), m * c, measured)
+                for a in agreements] for m in multiples}
+
+
 def main(costs_from=ROOT / "docs" / "bench_full.json"):
     stored = json.loads(Path(costs_from).read_text())["costs"]
     print(f"costs from {costs_from}")
-    c, v = stored["c"], {int(k) + 1: x for k, x in stored["verify_cost"].items()}  # by tokens in the forward
-    slope = v[9] - v[8]
-
-    def measured(T):  # past the measured range, continue the last step's slope
-        return 1.0 if T == 1 else v.get(T, v[9] + slope * (T - 9))
-
+    c, measured = stored["c"], verify_costs(stored)
     runs = collect()
     ranks = Counter(r for run in runs for r in run["ranks"])
     total = sum(ranks.values())
@@ -123,7 +147,7 @@ def main(costs_from=ROOT / "docs" / "bench_full.json"):
     for r in range(TOP):
         print(f"  choice {r + 1}: {ranks[r] / total:6.1%}")
     print(f"  none of its top {TOP}: {ranks[MISS] / total:6.1%}")
-    print(f"\ncosts: c = {c:.3f}, v(T) for T = 2..9: " + " ".join(f"{v[T]:.2f}" for T in range(2, 10)))
+    print(f"\ncosts: c = {c:.3f}, v(T) for T = 2..9: " + " ".join(f"{measured(T):.2f}" for T in range(2, 10)))
 
     policies = {
         "draft chain, stop": lambda run, j: draft_chain(run, j),
@@ -146,20 +170,20 @@ def main(costs_from=ROOT / "docs" / "bench_full.json"):
     print(f"\nA draft that agrees more often: right wherever the shipped one is (agreement {shipped:.3f}), and at a")
     print("random share of the rest (seeded), with the confidence of one of its own right guesses there.")
     print("Lookup + stop, the measured v(T), and c as measured or a draft 2x / 4x as costly:")
-    print(f"{'agreement':>10s} {'c':>10s} {'2c':>8s} {'4c':>8s}")
-    for agreement in (0.50, 0.55, 0.60, 0.65, 0.70, 0.75, 0.80):
-        better = improved(runs, agreement)
-        figures = [replay(better, lambda run, j: lookup_then_draft(run, j), m * c, measured) for m in (1, 2, 4)]
-        print(f"{agreement:10.2f} " + " ".join(f"{f:7.3f}x" for f in figures))
+    table = agreement_table(runs, c, measured)
+    print(f"{'agreement':>10s} " + " ".join(f"{f'{m}c' if m > 1 else 'c':>8s}" for m in COST_MULTIPLES))
+    for i, agreement in enumerate(AGREEMENTS):
+        print(f"{agreement:10.2f} " + " ".join(f"{table[m][i]:7.3f}x" for m in COST_MULTIPLES))
 
 
 def improved(runs, agreement, seed=0):
     """The runs as a better draft would see them: every position the shipped draft got right, plus
     randomly chosen others until `agreement` of all positions are right. At a new hit the answer's
-    token becomes the first choice, with a confidence drawn from the shipped draft's own hits."""
+    token becomes the first choice, with a confidence drawn from the shipped draft's own hits (1 if
+    it has none)."""
     g = torch.Generator().manual_seed(seed)
     positions = [(r, j) for r, run in enumerate(runs) for j, rank in enumerate(run["ranks"]) if rank != 0]
-    hit_conf = [run["conf"][j] for run in runs for j, rank in enumerate(run["ranks"]) if rank == 0]
+    hit_conf = [run["conf"][j] for run in runs for j, rank in enumerate(run["ranks"]) if rank == 0] or [1.0]
     total = sum(len(run["ranks"]) for run in runs)
     flip = max(0, round(agreement * total) - (total - len(positions)))
     out = [dict(run, choices=list(run["choices"]), conf=list(run["conf"]), ranks=list(run["ranks"])) for run in runs]

@@ -303,6 +303,26 @@ def k_sweep_figure(ks, tokens_per_step, speedup, predicted_tokens_per_step=None,
     return fig
 
 
+def agreement_figure(agreements, speedups_by_label, shipped=None, goal=2.0,
+                     title="What a draft that agrees more often would buy") -> go.Figure:
+    """Speedup over the decode loop against the draft's greedy agreement, one line per draft cost
+    ({label: [speedup per agreement]}, as scripts/draft_ceiling.py's agreement_table gives them),
+    the goal dashed, and the shipped draft as (agreement, speedup) when given."""
+    fig = go.Figure()
+    for i, (label, values) in enumerate(speedups_by_label.items()):
+        fig.add_trace(go.Scatter(x=list(agreements), y=list(values), mode="lines+markers", name=label,
+                                 line=dict(color=PALETTE[i % len(PALETTE)])))
+    if shipped is not None:
+        fig.add_trace(go.Scatter(x=[shipped[0]], y=[shipped[1]], mode="markers", name="the shipped draft",
+                                 marker=dict(color="black", size=11, symbol="star")))
+    fig.add_hline(y=goal, line=dict(color=NEUTRAL, dash="dash"), annotation_text=f"{goal:g}x",
+                  annotation_position="top left")
+    fig.update_xaxes(title_text="greedy agreement with the target (alpha at temperature 0)")
+    fig.update_yaxes(title_text="speedup over the decode loop", rangemode="tozero")
+    fig.update_layout(title=title, height=420)
+    return fig
+
+
 def training_curve_figure(curves, title="Held-out acceptance during distillation") -> go.Figure:
     """Held-out greedy agreement (alpha at temperature 0) against training tokens seen.
     curves: {name: [(tokens, alpha), ...]}, as train_draft returns and trace.card_curve parses."""

@@ -81,3 +81,14 @@ def test_a_better_draft_keeps_every_hit_and_gains_the_asked_share():
     speeds = [dc.replay(dc.improved(runs, a), lambda r, j: dc.draft_chain(r, j, k=4), 0.05, flat)
               for a in (0.25, 0.5, 0.75, 1.0)]
     assert speeds == sorted(speeds) and speeds[-1] == pytest.approx(5 / (1 + 4 * 0.05))
+
+
+def test_verify_costs_reads_the_measured_k_and_draws_lines_between_and_past_them():
+    v = dc.verify_costs({"verify_cost": {"2": 1.1, "4": 1.2, "6": 1.5}})  # K -> v, so T = 3, 5, 7
+    assert v(1) == 1.0 and v(3) == 1.1 and v(5) == 1.2 and v(7) == 1.5
+    assert v(2) == pytest.approx(1.05) and v(4) == pytest.approx(1.15) and v(6) == pytest.approx(1.35)
+    assert v(9) == pytest.approx(1.8)  # the last segment's slope, 0.15 a token, continued
+    table = dc.agreement_table([make_run(list(range(10, 30)), [7] * 20)], 0.05, v, agreements=(0.5, 1.0),
+                               multiples=(1, 4))
+    assert set(table) == {1, 4} and all(len(x) == 2 for x in table.values())
+    assert table[1][1] > table[1][0] and table[1][0] > table[4][0]

@@ -206,3 +206,14 @@ def test_adaptive_k_figure_aligns_steps_on_output_position_and_marks_requests():
     assert fig.data[0].line.dash == "dot" and fig.data[2].line.dash == "solid", "fixed K is drawn as a reference"
     assert [a.text.strip() for a in fig.layout.annotations if a.text.strip() in ("chat", "copy")] == ["chat", "copy"]
     assert len(fig.layout.shapes) == 4, "a dashed line at each request start, in both panels"
+
+
+def test_agreement_figure_draws_a_line_per_cost_the_goal_and_the_shipped_draft():
+    agreements = [0.5, 0.6, 0.7]
+    fig = _pure(lambda: viz.agreement_figure(agreements, {"c": [1.6, 1.9, 2.2], "2c": [1.5, 1.8, 2.0]},
+                                             shipped=(0.45, 1.59)))
+    assert [t.name for t in fig.data] == ["c", "2c", "the shipped draft"]
+    assert list(fig.data[0].x) == agreements and list(fig.data[1].y) == [1.5, 1.8, 2.0]
+    assert fig.data[2].x == (0.45,) and fig.data[2].y == (1.59,)
+    assert [shape.y0 for shape in fig.layout.shapes] == [2.0]
+    assert len(_pure(lambda: viz.agreement_figure(agreements, {"c": [1, 2, 3]}, goal=1.5)).data) == 1
