@@ -20,6 +20,7 @@ sit above the measured whole-call speedups; they are for comparing policies with
     python scripts/draft_ceiling.py            # about a minute on 2 cores
     python scripts/draft_ceiling.py docs/bench_slow_memory.json   # priced with another stored run
 """
+import bisect
 import json
 import sys
 from collections import Counter
@@ -117,12 +118,30 @@ def verify_costs(costs):
     def measured(T):
         if T in v:
             return v[T]
-        lo = max([t for t in known if t < T], default=known[0])
-        hi = min([t for t in known if t > T], default=None)
-        if hi is None:  # past the measured range
-            lo, hi = known[-2], known[-1]
+        i = min(bisect.bisect(known, T), len(known) - 1)  # the segment around T, or the last one
+        lo, hi = known[i - 1], known[i]
         return v[lo] + (v[hi] - v[lo]) * (T - lo) / (hi - lo)
     return measured
+
+
+def improved(runs, agreement, seed=0):
+    """The runs as a better draft would see them: every position the shipped draft got right, plus
+    randomly chosen others until `agreement` of all positions are right. At a new hit the answer's
+    token becomes the first choice, with a confidence drawn from the shipped draft's own hits (1 if
+    it has none)."""
+    g = torch.Generator().manual_seed(seed)
+    positions = [(r, j) for r, run in enumerate(runs) for j, rank in enumerate(run["ranks"]) if rank != 0]
+    hit_conf = [run["conf"][j] for run in runs for j, rank in enumerate(run["ranks"]) if rank == 0] or [1.0]
+    total = sum(len(run["ranks"]) for run in runs)
+    flip = max(0, round(agreement * total) - (total - len(positions)))
+    out = [dict(run, choices=list(run["choices"]), conf=list(run["conf"]), ranks=list(run["ranks"])) for run in runs]
+    for i in torch.randperm(len(positions), generator=g)[:flip].tolist():
+        r, j = positions[i]
+        run, token = out[r], out[r]["answer"][j]
+        run["choices"][j] = ([token] + [t for t in run["choices"][j] if t != token])[:TOP]
+        run["conf"][j] = hit_conf[int(torch.randint(len(hit_conf), (1,), generator=g))]
+        run["ranks"][j] = 0
+    return out
 
 
 AGREEMENTS = (0.50, 0.55, 0.60, 0.65, 0.70, 0.75, 0.80)
@@ -132,8 +151,8 @@ COST_MULTIPLES = (1, 2, 4)
 def agreement_table(runs, c, measured, agreements=AGREEMENTS, multiples=COST_MULTIPLES):
     """{multiple: [lookup + stop's speedup over the decode loop at each agreement]} for a better draft
     (`improved`) costing c * multiple, with v(T) = measured(T)."""
-    return {m: [replay(improved(runs, a), lambda run, j: lookup_then_draft(run, j), m * c, measured)
-                for a in agreements] for m in multiples}
+    better = [improved(runs, a) for a in agreements]
+    return {m: [replay(b, lookup_then_draft, m * c, measured) for b in better] for m in multiples}
 
 
 def main(costs_from=ROOT / "docs" / "bench_full.json"):
@@ -174,26 +193,6 @@ def main(costs_from=ROOT / "docs" / "bench_full.json"):
     print(f"{'agreement':>10s} " + " ".join(f"{f'{m}c' if m > 1 else 'c':>8s}" for m in COST_MULTIPLES))
     for i, agreement in enumerate(AGREEMENTS):
         print(f"{agreement:10.2f} " + " ".join(f"{table[m][i]:7.3f}x" for m in COST_MULTIPLES))
-
-
-def improved(runs, agreement, seed=0):
-    """The runs as a better draft would see them: every position the shipped draft got right, plus
-    randomly chosen others until `agreement` of all positions are right. At a new hit the answer's
-    token becomes the first choice, with a confidence drawn from the shipped draft's own hits (1 if
-    it has none)."""
-    g = torch.Generator().manual_seed(seed)
-    positions = [(r, j) for r, run in enumerate(runs) for j, rank in enumerate(run["ranks"]) if rank != 0]
-    hit_conf = [run["conf"][j] for run in runs for j, rank in enumerate(run["ranks"]) if rank == 0] or [1.0]
-    total = sum(len(run["ranks"]) for run in runs)
-    flip = max(0, round(agreement * total) - (total - len(positions)))
-    out = [dict(run, choices=list(run["choices"]), conf=list(run["conf"]), ranks=list(run["ranks"])) for run in runs]
-    for i in torch.randperm(len(positions), generator=g)[:flip].tolist():
-        r, j = positions[i]
-        run, token = out[r], out[r]["answer"][j]
-        run["choices"][j] = ([token] + [t for t in run["choices"][j] if t != token])[:TOP]
-        run["conf"][j] = hit_conf[int(torch.randint(len(hit_conf), (1,), generator=g))]
-        run["ranks"][j] = 0
-    return out
 
 
 if __name__ == "__main__":

@@ -489,12 +489,12 @@ static void forward(
             const long last = pos + r;  /* the causal mask: row r sees positions 0..pos + r */
             for (long j = 0; j < H; j++) {  /* query head j reads key/value head j / G */
                 const float *q = qkv + r * qkv_n + j * D, *kg = kl + (j / G) * S * D, *vg = vl + (j / G) * S * D;
-                float top = -__builtin_inff(), sum;
+                float top = -__builtin_inff();
                 for (long t = 0; t <= last; t++) {
                     scores[t] = dot(q, kg + t * D, D) * scale;
                     top = scores[t] > top ? scores[t] : top;
                 }
-                sum = exp_shifted(scores, last + 1, top);
+                const float sum = exp_shifted(scores, last + 1, top);
                 for (long t = 0; t <= last; t++) scores[t] /= sum;
                 float *o = att + r * HD + j * D;
                 switch (D) {  /* a head width known here keeps o in registers over the positions */
