@@ -26,6 +26,7 @@ lab: setup
 # process: the browser test runs JupyterLab, a kernel and Chromium beside pytest on 2 cores, and
 # oversubscribed OpenMP threads slow torch down many times over.
 test: setup
+	$(VENV)/bin/lint-imports
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q tests notebooks --nbval --sanitize-with notebooks/sanitize.cfg
 
 demo: setup

@@ -6,30 +6,35 @@
     res = engine.generate("Why is the sky blue?", max_new_tokens=64)
     base = sl.autoregressive_generate(pair.target, "Why is the sky blue?", max_new_tokens=64)
 
-Glossary of shape letters used in comments across the package (DESIGN.md section 3):
+The layers (docs/design.md): core/ (the decoder, cache, sampling, verification and the loop;
+torch only), drafters/, cpu/ (the one seam for CPU speed), paged/, io/, analysis/, policies/,
+train/, bench/, lab/ (what the chapters use), and api.py, which this module re-exports.
+
+Glossary of shape letters used in comments across the package:
   B batch, T new tokens this call, S cache capacity, K draft length, L layers,
   H query heads, Hkv key/value heads, D head dim, V vocab, P tokens per KV block.
 p is always the target's distribution and q the draft's; alpha is the
 acceptance rate E[min(1, p/q)]; c is the cost of a draft forward relative to a
 target forward.
 """
-from .config import MAX_K, ModelConfig, SamplingConfig
-from .drafters import LookupThenModelDrafter, ModelDrafter, NGramDrafter
-from .engine import GenerationResult, SpeculativeEngine, autoregressive_generate
-from .feature_draft import (FeatureDraft, FeatureDrafter, default_feature_draft_dir, load_feature_draft,
-                            shipped_feature_draft_dir)
-from .kv_cache import KVCache
-from .metrics import RunStats, StepRecord
-from .model import Transformer, init_weights
-from .pair import ModelPair, default_draft_dir, load_default_pair, load_pair, tiny_model
-from .self_draft import SelfDraft
-from .verify import verify, verify_reference
+from .api import (LookupThenModelDrafter, SpeculativeEngine, autoregressive_generate, load_default_pair,
+                  load_feature_draft, load_pair, make_drafter)
+from .core.config import MAX_K, ModelConfig, SamplingConfig
+from .core.engine import GenerationResult
+from .core.kv_cache import KVCache
+from .core.model import Transformer, init_weights
+from .core.records import RunStats, StepRecord
+from .core.verify import verify, verify_reference
+from .cpu import SelfDraft, accelerate
+from .drafters import FeatureDraft, FeatureDrafter, ModelDrafter, NGramDrafter
+from .drafters.feature import default_feature_draft_dir, shipped_feature_draft_dir
+from .io.pair import ModelPair, default_draft_dir, tiny_model
 
 __all__ = [
     "MAX_K", "ModelConfig", "SamplingConfig", "GenerationResult", "SpeculativeEngine",
     "autoregressive_generate", "KVCache", "RunStats", "StepRecord", "Transformer", "init_weights",
     "ModelPair", "default_draft_dir", "load_default_pair", "load_pair", "tiny_model", "verify",
-    "verify_reference", "ModelDrafter", "NGramDrafter", "LookupThenModelDrafter",
+    "verify_reference", "ModelDrafter", "NGramDrafter", "LookupThenModelDrafter", "make_drafter",
     "FeatureDraft", "FeatureDrafter", "default_feature_draft_dir", "load_feature_draft", "shipped_feature_draft_dir",
-    "SelfDraft",
+    "SelfDraft", "accelerate",
 ]

@@ -1,39 +1,43 @@
 """Command line: python -m specdec_lab {fetch, generate, acceptance, distill, distill-features, bench}."""
 import argparse
 import json
+import statistics
 import sys
+
+from .api import SpeculativeEngine, autoregressive_generate, load_default_pair, load_pair
+from .bench.main import bench_main
+from .cpu import SelfDraft, best_weights
+from .io.assets import ensure_default_target
+from .io.pair import load_model_cached
+from .train.acceptance import acceptance_report
+from .train.distill import distill_main
+from .train.feature import feature_main
+from .train.prompts import distill_prompts, split_prompts
 
 
 def _pair(args):
-    import specdec_lab as sl
     if args.target:
-        return sl.load_pair(args.target, args.draft, args.device)
-    return sl.load_default_pair(args.device)
+        return load_pair(args.target, args.draft, args.device)
+    return load_default_pair(args.device)
 
 
 def _engine(args, pair):
     """The speculative engine at --k: the pair's draft, or with --self-draft the target's own weights in
     4 bits (int8 where the kernels cannot)."""
-    import specdec_lab as sl
-    from .self_draft import best_weights
-    draft = sl.SelfDraft(pair.target, best_weights(pair.target)) if args.self_draft else pair.draft
-    return sl.SpeculativeEngine(pair.target, draft, k=args.k)
+    draft = SelfDraft(pair.target, best_weights(pair.target)) if args.self_draft else pair.draft
+    return SpeculativeEngine(pair.target, draft, k=args.k)
 
 
 def cmd_fetch(args):
-    from .assets import ensure_default_target
     print(ensure_default_target())
 
 
 def cmd_generate(args):
-    import specdec_lab as sl
-    from .pair import load_model_cached
-    from .assets import ensure_default_target
     if args.compare:
         return compare_generate(args)
     if args.k == 0:
         target = load_model_cached(args.target or ensure_default_target(), args.device)
-        res = sl.autoregressive_generate(target, args.prompt, max_new_tokens=args.max_new_tokens,
+        res = autoregressive_generate(target, args.prompt, max_new_tokens=args.max_new_tokens,
                                          temperature=args.temperature, top_p=args.top_p, seed=args.seed)
     else:
         engine = _engine(args, _pair(args))
@@ -51,8 +55,6 @@ def cmd_generate(args):
 
 def compare_generate(args):
     """--compare: the autoregressive baseline and speculative decoding at --k, in turn, --reps times."""
-    import statistics
-    import specdec_lab as sl
     if args.k < 1:
         raise ValueError(f"--compare needs a draft length --k >= 1, got {args.k}")
     if args.reps < 1:
@@ -62,7 +64,7 @@ def compare_generate(args):
     kw = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p, seed=args.seed)
 
     def ar():
-        return sl.autoregressive_generate(pair.target, args.prompt, **kw)
+        return autoregressive_generate(pair.target, args.prompt, **kw)
 
     def spec():
         return engine.generate(args.prompt, **kw)
@@ -94,7 +96,6 @@ def compare_generate(args):
 
 
 def cmd_distill(args):
-    from .distill import distill_main
     out, curve = distill_main(budget=args.budget, out_dir=args.out, data_dir=args.data_dir, work_dir=args.work_dir,
                               data_dirs_extra=args.extra_data_dir, data_minutes=args.data_minutes, steps=args.steps,
                               init_from=args.init_from, lr=args.lr, task_data_dir=args.task_data_dir,
@@ -103,7 +104,6 @@ def cmd_distill(args):
 
 
 def cmd_distill_features(args):
-    from .feature_draft import feature_main
     out, curve = feature_main(budget=args.budget, out_dir=args.out, work_dir=args.work_dir, steps=args.steps,
                               lr=args.lr, data_minutes=args.data_minutes, init=args.init)
     print(f"feature draft saved to {out}; held-out agreement at depth 1 {curve[-1][1]:.3f}, depth 2 {curve[-1][2]:.3f}"
@@ -111,10 +111,7 @@ def cmd_distill_features(args):
 
 
 def cmd_acceptance(args):
-    import specdec_lab as sl
-    from .acceptance import acceptance_report
-    from .prompts import distill_prompts, split_prompts
-    pair = sl.load_default_pair(args.device)
+    pair = load_default_pair(args.device)
     _, held = split_prompts(distill_prompts())
     rep = acceptance_report(pair.target, pair.draft, held[:args.num_prompts], max_new_tokens=args.max_new_tokens,
                             temperature=args.temperature)
@@ -124,7 +121,6 @@ def cmd_acceptance(args):
 
 
 def cmd_bench(args):
-    from .bench import bench_main
     bench_main(args)
 
 

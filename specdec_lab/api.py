@@ -1,0 +1,157 @@
+"""What `import specdec_lab as sl` offers: the engine for any kind of draft, and the model pairs.
+
+`make_drafter` is the one place that looks at what kind of draft it was given:
+
+    a specdec_lab Transformer         -> drafters.ModelDrafter (its own cache)
+    a FeatureDraft (EAGLE-style)      -> drafters.FeatureDrafter (reads the target's states)
+    a SelfDraft (the target, rounded) -> cpu.SelfDrafter (the target's own cache), behind prompt
+                                         lookup with SelfDraft(lookup=True)
+    anything with `propose`           -> used as it is (a drafter of core/drafter.py's protocol)
+
+`load_pair` / `load_default_pair` load a target and a draft that share a tokenizer and,
+on the CPU, make both fast with cpu.accelerate (accelerate=False keeps the plain forward).
+"""
+import copy
+
+import torch
+
+from .core.engine import Engine, autoregressive_generate  # noqa: F401 (re-exported)
+from .core.kv_cache import KVCache
+from .core.model import Transformer
+from .cpu import SelfDraft, SelfDrafter, accelerate as cpu_accelerate, unaccelerate
+from .drafters import FeatureDraft, FeatureDrafter, LookupDrafter, ModelDrafter
+from .drafters.feature import load_feature_draft as _load_feature_draft
+from .io.assets import ensure_default_target
+from .io.pair import (ModelPair, _CACHE, check_device, check_source, default_draft_dir, load_model_cached,
+                      vocab_subset, with_vocab_subset)
+from .paged import PagedSequenceCache
+
+CACHES = ("contiguous", "paged")
+
+
+def cache_factory(kind, block_size=16):
+    """A function (cfg, capacity, dtype=, device=) -> an empty cache of that kind."""
+    if kind not in CACHES:
+        raise ValueError(f"cache must be one of {CACHES}, got {kind!r}")
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+        raise ValueError(f"block_size must be an int >= 1, got {block_size!r}")
+    if kind == "contiguous":
+        return KVCache.for_model
+    return lambda cfg, cap, **kw: PagedSequenceCache.for_model(cfg, cap, block_size=block_size, **kw)
+
+
+def _model_drafter(draft, capacity, factory=KVCache.for_model, stop_below=None):
+    if isinstance(draft, FeatureDraft):
+        return FeatureDrafter(draft, capacity, factory, stop_below=stop_below)
+    return ModelDrafter(draft, capacity, factory, stop_below=stop_below)
+
+
+def make_drafter(target, draft, capacity, factory=KVCache.for_model, target_cache=None):
+    """The drafter the engine runs for `draft` (see the module docstring), with caches of `capacity`."""
+    if isinstance(draft, SelfDraft):
+        if draft.target is not target:
+            raise ValueError("a SelfDraft drafts with the target's own weights and cache: build it from this "
+                             "engine's target")
+        drafter = SelfDrafter(draft, target_cache)
+        return LookupDrafter(drafter) if draft.lookup else drafter
+    if isinstance(draft, FeatureDraft):
+        if draft.state_width != target.cfg.dim:
+            raise ValueError(f"the feature draft reads states of width {draft.state_width}; the target's are "
+                             f"{target.cfg.dim}: build the draft for this target")
+        return FeatureDrafter(draft, capacity, factory)
+    if isinstance(draft, Transformer):
+        if draft.cfg.vocab_size != target.cfg.vocab_size:
+            raise ValueError(f"draft vocabulary ({draft.cfg.vocab_size}) differs from the target's "
+                             f"({target.cfg.vocab_size}); the draft must share the target's tokenizer")
+        return ModelDrafter(draft, capacity, factory)
+    if callable(getattr(draft, "propose", None)):
+        return draft
+    raise TypeError(f"draft must be a Transformer, a FeatureDraft, a SelfDraft or a drafter with propose/commit, "
+                    f"got {type(draft).__name__}")
+
+
+class SpeculativeEngine(Engine):
+    """Speculative decoding with a draft model (arXiv 2211.17192, 2302.01318).
+
+    engine = SpeculativeEngine(target, draft, k=4); engine.generate(prompt, ...)
+    `draft`: see make_drafter. `cache="paged"` keeps the target's and the draft's keys and values
+    in blocks of `block_size` (paged/). The loop itself is core/engine.py's Engine.
+    """
+
+    def __init__(self, target, draft, k=4, max_seq_len=2048, cache="contiguous", block_size=16,
+                 verifier="device", tokenizer=None):
+        if isinstance(max_seq_len, bool) or not isinstance(max_seq_len, int) or max_seq_len < 2:
+            raise ValueError(f"max_seq_len must be an int >= 2, got {max_seq_len!r}")
+        if not isinstance(target, Transformer):
+            raise TypeError(f"target must be a specdec_lab Transformer, got {type(target).__name__}")
+        factory = cache_factory(cache, block_size)
+        capacity = min(max_seq_len, target.cfg.max_seq_len)
+        if isinstance(draft, SelfDraft) and cache != "contiguous":
+            raise ValueError("a self-draft shares the target's KV cache, which must be cache='contiguous'")
+        target_cache = factory(target.cfg, capacity, dtype=target.dtype, device=target.device)
+        drafter = make_drafter(target, draft, capacity, factory, target_cache)
+        super().__init__(target, drafter, k=k, cache=target_cache, verifier=verifier, tokenizer=tokenizer)
+        self.cache_kind, self.block_size = cache, block_size
+
+
+class LookupThenModelDrafter(LookupDrafter):
+    """Prompt lookup where the context repeats itself, the draft model everywhere else
+    (drafters/lookup.py). `draft`: a Transformer or a FeatureDraft; `stop_below`: the model
+    drafter's early stop (drafters.ModelDrafter)."""
+
+    def __init__(self, draft, capacity=2048, min_match=2, max_ngram=4, stop_below=None):
+        super().__init__(_model_drafter(draft, capacity, stop_below=stop_below), min_match, max_ngram)
+
+
+def _accelerated(model, accelerate, weights):
+    if accelerate is None:
+        accelerate = model.device.type == "cpu"
+    if not isinstance(accelerate, bool):
+        raise TypeError(f"accelerate must be None (on the CPU), True or False, got {accelerate!r}")
+    return cpu_accelerate(model, weights=weights) if accelerate else unaccelerate(model)
+
+
+def load_pair(target, draft, device="cpu", dtype=torch.float32, accelerate=None, vocab_subset_head=True) -> ModelPair:
+    """A target and a draft (hub ids, local folders or .gguf files) that share a tokenizer.
+
+    accelerate: None makes both fast on the CPU (cpu.accelerate; the draft's one-call forward
+    reads half precision), False keeps the plain forward. The models are loaded once per process
+    and shared, so this applies to every pair holding them. vocab_subset_head: a draft folder's
+    vocab_subset.json restricts the draft's head to those tokens (outputs unchanged: verification
+    is lossless for any q)."""
+    check_source("target", target)
+    check_source("draft", draft)
+    check_device(device)
+    if not isinstance(vocab_subset_head, bool):
+        raise TypeError(f"vocab_subset_head must be True or False, got {vocab_subset_head!r}")
+    t = load_model_cached(target, device, dtype)
+    d = load_model_cached(draft, device, dtype)
+    if vocab_subset_head and vocab_subset(draft) is not None:
+        key = (str(draft), str(device), dtype, "vocab_subset")
+        if key not in _CACHE:
+            tok = getattr(d, "tokenizer", None)
+            _CACHE[key] = with_vocab_subset(copy.deepcopy(d, {id(tok): tok}), draft)  # the cached draft stays whole
+        d = _CACHE[key]
+    if d.cfg.vocab_size != t.cfg.vocab_size:
+        raise ValueError(f"draft vocabulary ({d.cfg.vocab_size}) differs from the target's "
+                         f"({t.cfg.vocab_size}); the draft must share the target's tokenizer")
+    d.tokenizer = t.tokenizer
+    _accelerated(t, accelerate, "float32")
+    _accelerated(d, accelerate, "float16")
+    return ModelPair(t, d, t.tokenizer)
+
+
+def load_default_pair(device="cpu", dtype=torch.float32, accelerate=None) -> ModelPair:
+    """SmolLM2-135M-Instruct and the project's distilled draft (specdec_lab/draft/)."""
+    draft = default_draft_dir()
+    if not (draft / "model.safetensors").exists():
+        raise FileNotFoundError(f"the shipped draft is missing from {draft}; "
+                                "make it with `python -m specdec_lab distill`")
+    return load_pair(ensure_default_target(), draft, device, dtype, accelerate=accelerate)
+
+
+def load_feature_draft(target, folder=None, accelerate=None):
+    """drafters.load_feature_draft, made fast on the CPU like load_pair's draft (accelerate=None)."""
+    model = _load_feature_draft(target, folder)
+    _accelerated(model.body, accelerate, "float16")
+    return model

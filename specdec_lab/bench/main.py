@@ -1,0 +1,151 @@
+"""`python -m specdec_lab bench`: load the models, run the chosen measurement, print a table and one JSON line."""
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+from ..core.text import encode_prompt
+from ..cpu import accelerate
+from ..drafters.feature import find_feature_draft_dir, load_feature_draft
+from ..io.assets import ensure_default_target
+from ..io.pair import default_draft_dir, load_model_cached, with_vocab_subset
+from ..io.weights import load_draft, load_hf_causal_lm, load_hf_model
+from ..train.prompts import BENCH_PROMPTS
+from .gpu import cuda_syncs_per_step, run_synthetic
+from .probes import (compare_caches, compare_kernels, compare_policies, format_kernels, format_policies,
+                     format_profile, profile_decode)
+from .report import format_synthetic, format_table
+from .run import QUICK, BenchConfig, run_bench
+
+
+def parse_list(text, kind, name):
+    """'1-8' or '1,2,4' (ints), '0,0.7' (floats)."""
+    try:
+        if kind is int and "-" in text:
+            lo, hi = text.split("-")
+            return tuple(range(int(lo), int(hi) + 1))
+        return tuple(kind(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise ValueError(f"{name} must be a comma list like 1,2,4 (or a range 1-8 for ks), got {text!r}") from None
+
+
+def bench_main(args, out=print, err=None):
+    """`python -m specdec_lab bench`: the table (unless --json), then the JSON document as the last line."""
+    err = err or (lambda s: print(s, file=sys.stderr, flush=True))
+    if args.threads is not None and args.threads < 1:
+        raise ValueError(f"--threads must be >= 1, got {args.threads}")
+    torch.set_num_threads(args.threads or os.cpu_count())
+    device = torch.device(args.device)
+    dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if device.type == "cuda" else torch.float32)
+    if getattr(args, "caches", False):
+        cfg = BenchConfig(**{**(QUICK if args.quick else {}), **_overrides(args)})
+        target, draft, _, _ = load_systems_models(args, device, dtype, False, err)
+        doc = compare_caches(target, draft, list(BENCH_PROMPTS[:cfg.num_prompts]), max_new_tokens=cfg.max_new_tokens)
+        text = (f"contiguous {doc['tokens_per_second']['contiguous']:.2f} vs paged "
+                f"{doc['tokens_per_second']['paged']:.2f} target tokens/s (K={doc['k']}, P={doc['block_size']}): "
+                f"contiguous / paged = {doc['contiguous_over_paged']:.3f}; same outputs: {doc['same_outputs']}")
+    elif getattr(args, "kernels", False):
+        target, _, _, _ = load_systems_models(args, device, dtype, False, err)
+        doc = compare_kernels(target, reps=2 if args.quick else 5)
+        text = format_kernels(doc)
+    elif getattr(args, "profile", False):
+        target, _, _, _ = load_systems_models(args, device, dtype, False, err)
+        doc = profile_decode(target)
+        text = format_profile(doc)
+    elif getattr(args, "policies", False):
+        cfg = BenchConfig(**{**(QUICK if args.quick else {}), **_overrides(args)})
+        target, draft, _, _ = load_systems_models(args, device, dtype, False, err)
+        temps = parse_list(args.temperatures, float, "--temperatures") if args.temperatures else (1.0,)
+        ks = parse_list(args.ks, int, "--ks") if args.ks else (1, 2, 3, 4, 8)
+        doc = compare_policies(target, draft, ks=ks, temperature=temps[0],
+                               max_new_tokens=args.max_new_tokens or (16 if args.quick else 64),
+                               reps=1 if args.quick else 3, log=err)
+        text = format_policies(doc)
+    elif args.synthetic:
+        ks = parse_list(args.ks, int, "--ks") if args.ks else tuple(range(1, 9))
+        doc = run_synthetic(args.synthetic, device, dtype, ks, max_new_tokens=args.max_new_tokens or 128, log=err)
+        text = format_synthetic(doc)
+    else:
+        cfg = BenchConfig(**{**(QUICK if args.quick else {}), **_overrides(args)})
+        target, draft, hf_target, hf_draft = load_systems_models(args, device, dtype, cfg.hf, err)
+        doc = run_bench(target, draft, cfg, hf_target, hf_draft, log=err,
+                        feature_draft=load_bench_feature_draft(args, target, err))
+        if device.type == "cuda":
+            doc["gpu"] = cuda_syncs_per_step(target, draft, encode_prompt(target.tokenizer, BENCH_PROMPTS[0]))
+        text = format_table(doc)
+    if not args.json:
+        out(text)
+    out(json.dumps(doc))
+
+
+def _overrides(args) -> dict:
+    o = {}
+    if args.prompts is not None:
+        o["num_prompts"] = args.prompts
+    if args.max_new_tokens is not None:
+        o["max_new_tokens"] = args.max_new_tokens
+    if args.temperatures:
+        o["temperatures"] = parse_list(args.temperatures, float, "--temperatures")
+    if args.ks:
+        o["ks"] = parse_list(args.ks, int, "--ks")
+    if args.no_hf:
+        o["hf"] = False
+    if args.no_adaptive:
+        o["adaptive"] = False
+    if getattr(args, "no_refinements", False):
+        o["refinements"] = False
+    if getattr(args, "no_self_draft", False):
+        o["self_draft"] = False
+    if getattr(args, "samples", None) is not None:
+        o["samples"] = args.samples
+    return o
+
+
+def load_systems_models(args, device, dtype, with_hf, log):
+    """(target, draft, hf_target, hf_draft): ours from the same folders transformers loads."""
+    target_src = args.target or ensure_default_target()
+    draft_src = args.draft or default_draft_dir()
+    if not args.draft and not (default_draft_dir() / "model.safetensors").exists():
+        raise ValueError(f"the shipped draft is missing from {default_draft_dir()}; pass --draft-dir FOLDER")
+    log(f"loading target {target_src} and draft {draft_src} ...")
+    target = load_model_cached(target_src, device, dtype)
+    if _is_hf_folder(draft_src):
+        draft = with_vocab_subset(load_draft(draft_src, device, dtype), draft_src)
+    else:
+        draft = load_model_cached(draft_src, device, dtype)
+    if device.type == "cpu" and not getattr(args, "eager", False):  # as load_pair does (api.py)
+        accelerate(target)
+        accelerate(draft, weights="float16")
+    if draft.cfg.vocab_size != target.cfg.vocab_size:
+        raise ValueError(f"draft vocabulary ({draft.cfg.vocab_size}) differs from the target's "
+                         f"({target.cfg.vocab_size}); the draft must share the target's tokenizer")
+    hf_target = hf_draft = None
+    if with_hf:
+        hf_target = load_hf_model(target_src, dtype=dtype)[0].to(device)
+        hf_draft = load_hf_causal_lm(draft_src, device=device, dtype=dtype)
+    return target, draft, hf_target, hf_draft
+
+
+def load_bench_feature_draft(args, target, log):
+    """The feature draft the bench runs: --feature-draft FOLDER, else for the default target
+    distill-features' output where it exists, else the shipped one; None with --no-feature-draft,
+    or for another target."""
+    if getattr(args, "no_feature_draft", False):
+        return None
+    folder = getattr(args, "feature_draft", None)
+    if folder is None:
+        if args.target or not (find_feature_draft_dir() / "model.safetensors").exists():
+            return None
+        folder = find_feature_draft_dir()
+    log(f"loading feature draft {folder} ...")
+    model = load_feature_draft(target, folder)
+    if target.device.type == "cpu" and not getattr(args, "eager", False):
+        accelerate(model.body, weights="float16")
+    return model
+
+
+def _is_hf_folder(source) -> bool:
+    path = Path(os.path.expanduser(str(source)))
+    return (path / "config.json").exists() and (path / "model.safetensors").exists()

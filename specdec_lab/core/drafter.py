@@ -1,0 +1,53 @@
+"""The drafter protocol: the only thing the engine knows about whatever drafts.
+
+A drafter proposes d_1..d_k and the q each was drawn from, and hears the
+target's verdict. The engine calls, for one generation:
+
+    drafter.prefill(prompt_ids, hidden)      once; the prompt's last token stays pending
+    drafter.propose(k, sampling, generator)  -> (ids (k',) int64 on the target's device, k' <= k,
+                                                 q (k', V) float32, or None: one-hot at the ids)
+    drafter.commit(verdict, hidden)          after each step
+
+`needs_hidden` is a declaration, not a method: a drafter that sets it reads the
+target's final hidden states (an EAGLE-style feature draft), and the engine then
+passes them: (len(prompt) - 1, dim) to prefill, the verification forward's
+(k' + 1, dim) to commit. Otherwise `hidden` is None.
+
+Drafters live in specdec_lab/drafters/ (a model, prompt lookup, a feature draft)
+and cpu/ (the target read at low precision); api.make_drafter builds the right
+one for what it is given.
+"""
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from .config import SamplingConfig
+
+
+@dataclass
+class Verdict:
+    """What the target decided about one step's proposal, as host ints."""
+    drafted: list  # d_1..d_k' as proposed
+    num_accepted: int  # n: d_1..d_n were accepted
+    next_token: int  # the correction (n < k') or the bonus token (n = k')
+
+    @property
+    def k(self) -> int:
+        return len(self.drafted)
+
+    @property
+    def committed(self) -> list:
+        """d_1..d_n and the next token: what the step adds to the sequence (before any EOS cut)."""
+        return list(self.drafted[:self.num_accepted]) + [self.next_token]
+
+
+class Drafter(Protocol):
+    needs_hidden: bool
+
+    def prefill(self, prompt_ids: list, hidden: torch.Tensor | None = None) -> None: ...
+
+    def propose(self, k: int, sampling: SamplingConfig,
+                generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor | None]: ...
+
+    def commit(self, verdict: Verdict, hidden: torch.Tensor | None = None) -> None: ...

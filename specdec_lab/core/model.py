@@ -1,0 +1,271 @@
+"""The project's own Llama-family decoder: the model a reader came to read.
+
+Contract: `Transformer.forward(tokens, input_pos, cache, mask) -> logits`.
+tokens (B, T) int64; input_pos (T,) the absolute positions of those tokens;
+cache a KVCache (or None for a plain causal pass, as in training); mask an
+additive (B, 1, T, L+T) mask or None. Logits are (B, T, V) in float32, or
+(B, 1, V) with last_only=True.
+
+RMSNorm, rotary embeddings (with Llama-3 rope scaling), grouped-query attention
+with an explicit mask, and a SwiGLU MLP. q/k/v and gate/up are fused into one
+matmul each: fewer, larger products, which is what batch-1 decode wants.
+
+Nothing here is tuned for one processor. `cpu.accelerate(model)` makes the CPU
+fast from outside: it swaps `Linear` and `RMSNorm` for modules with the same
+interface, and sets `Transformer.fast_rows`, the one seam, to a forward over a
+few rows in one call (cpu/fused.py). `load_pair` applies it on the CPU.
+"""
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .config import ModelConfig
+from .masks import verification_mask
+
+
+class Linear(nn.Module):
+    """y = x W (+ b) with W stored (in, out), the transpose of nn.Linear.
+
+    Batch-1 decode is a matrix-vector product bound by how fast W streams from
+    memory; on the project's CPU the (in, out) layout streamed about twice as fast
+    (docs/benchmarks.md)."""
+
+    def __init__(self, d_in, d_out, bias=False):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(d_in, d_out))  # (in, out)
+        self.bias = nn.Parameter(torch.zeros(d_out)) if bias else None
+
+    def forward(self, x):
+        y = x @ self.weight
+        return y + self.bias if self.bias is not None else y
+
+
+class VocabSubsetHead(nn.Module):
+    """A draft's output head restricted to a subset of the vocabulary (FR-Spec, arXiv 2502.14856):
+    logits for the `ids` columns only, -inf for every other token, so the draft proposes from the
+    subset and gives the rest q = 0. Speculative sampling stays lossless for any q: a token the
+    draft never proposes is reached through the residual max(p - q, 0) = p. The product reads
+    len(ids) columns instead of V; for a small draft the head is the largest single cost."""
+
+    def __init__(self, head: Linear, ids: torch.Tensor):
+        super().__init__()
+        ids = torch.as_tensor(ids, dtype=torch.long, device=head.weight.device)
+        vocab_size = head.weight.shape[1]
+        if ids.dim() != 1 or len(ids) == 0 or ids.unique().numel() != len(ids) \
+                or int(ids.min()) < 0 or int(ids.max()) >= vocab_size:
+            raise ValueError(f"ids must be distinct token ids in [0, {vocab_size}), got {len(ids)} of them")
+        self.vocab_size = vocab_size
+        self.proj = Linear(head.weight.shape[0], len(ids), bias=head.bias is not None)
+        with torch.no_grad():
+            self.proj.weight = nn.Parameter(head.weight.detach()[:, ids].contiguous(), requires_grad=False)
+            if head.bias is not None:
+                self.proj.bias = nn.Parameter(head.bias.detach()[ids].clone(), requires_grad=False)
+        self.register_buffer("ids", ids, persistent=False)
+
+    @property
+    def weight(self):  # Transformer.device and .dtype read the head's weight
+        return self.proj.weight
+
+    def forward(self, x):
+        y = self.proj(x)  # (..., N)
+        return y.new_full(y.shape[:-1] + (self.vocab_size,), float("-inf")).index_copy_(-1, self.ids, y)
+
+
+def restrict_vocab(model, ids):
+    """Give `model` (a draft with untied embeddings) a VocabSubsetHead over `ids`, in place."""
+    if model.embed is None:
+        raise ValueError("restrict_vocab needs untied embeddings: a tied head is also the input embedding")
+    if isinstance(model.head, VocabSubsetHead):
+        raise ValueError("the model's head is already restricted")
+    model.head = VocabSubsetHead(model.head, ids)
+    return model
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim, eps):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        if x.dtype == torch.float32:
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+        x32 = x.float()  # the sum of squares in float32 whatever the weights' precision
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+def rope_frequencies(cfg: ModelConfig) -> torch.Tensor:
+    """Inverse frequencies (D/2,), with Llama-3's piecewise scaling when configured."""
+    inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.float64) / cfg.head_dim))
+    rs = cfg.rope_scaling or {}
+    if rs.get("rope_type", rs.get("type")) == "llama3":
+        factor, lo, hi = rs["factor"], rs.get("low_freq_factor", 1.0), rs.get("high_freq_factor", 4.0)
+        old_len = rs["original_max_position_embeddings"]
+        wavelen = 2 * math.pi / inv
+        smooth = (old_len / wavelen - lo) / (hi - lo)  # 0 at the low-frequency edge, 1 at the high one
+        scaled = torch.where(wavelen > old_len / lo, inv / factor, inv)
+        mid = (wavelen <= old_len / lo) & (wavelen >= old_len / hi)
+        inv = torch.where(mid, (1 - smooth) * inv / factor + smooth * inv, scaled)
+    elif rs.get("rope_type", rs.get("type", "default")) not in ("default", None):
+        raise ValueError(f"rope_scaling type {rs!r} is not supported (supported: default, llama3)")
+    return inv.float()
+
+
+def rope_table(cfg: ModelConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    pos = torch.arange(cfg.max_seq_len, dtype=torch.float32)
+    angles = torch.outer(pos, rope_frequencies(cfg))  # (max_seq_len, D/2)
+    angles = torch.cat([angles, angles], dim=-1)  # (max_seq_len, D): the rotate-half layout
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x, cos, sin):
+    """x (..., D); cos, sin broadcast to it. Rotate pairs (x_i, x_{i+D/2}):
+    (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        q_out, kv_out = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
+        self.wqkv = Linear(cfg.dim, q_out + 2 * kv_out, bias=cfg.qkv_bias)
+        self.wo = Linear(q_out, cfg.dim)
+
+    def forward(self, x, cos, sin, layer, cache, mask):
+        B, T, _ = x.shape
+        H, Hkv, D = self.cfg.n_heads, self.cfg.n_kv_heads, self.cfg.head_dim
+        qkv = self.wqkv(x).view(B, T, H + 2 * Hkv, D)  # (B, T, H + 2 Hkv, D)
+        qk = apply_rope(qkv[:, :, :H + Hkv], cos, sin)  # queries and keys rotated together
+        q = qk[:, :, :H].transpose(1, 2)  # (B, H, T, D)
+        k = qk[:, :, H:].transpose(1, 2)  # (B, Hkv, T, D)
+        v = qkv[:, :, H + Hkv:].transpose(1, 2)  # (B, Hkv, T, D)
+        if cache is not None:
+            k, v = cache.write_layer(layer, k, v)  # (B, Hkv, L+T, D)
+        if cache is None and mask is None:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=T > 1, enable_gqa=True)  # training
+        else:
+            y = grouped_attention(q, k, v, mask)
+        y = y.transpose(1, 2).reshape(B, T, H * D)  # (B, T, H*D)
+        return self.wo(y)
+
+
+def grouped_attention(q, k, v, mask):
+    """softmax(q k^T / sqrt(D) + mask) v with H/Hkv query heads per key/value head.
+    q (B, H, T, D); k, v (B, Hkv, S, D); mask (B or 1, 1, T, S) additive or None.
+    Written out with two matmuls: for the few query tokens of decode and verification
+    on a CPU this beats the fused kernel, which is tuned for long queries."""
+    B, H, T, D = q.shape
+    Hkv, S = k.shape[1], k.shape[2]
+    G = H // Hkv
+    q = q.reshape(B, Hkv, G * T, D)  # (B, Hkv, G*T, D): head h uses key/value head h // G
+    scores = (q @ k.transpose(-1, -2)) * (1.0 / math.sqrt(D))  # (B, Hkv, G*T, S)
+    if mask is not None:
+        scores = (scores.view(B, Hkv, G, T, S) + mask.to(scores.dtype).unsqueeze(2)).view(B, Hkv, G * T, S)
+    y = scores.softmax(-1) @ v  # (B, Hkv, G*T, D)
+    return y.view(B, H, T, D)
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.w13 = Linear(cfg.dim, 2 * cfg.intermediate_size)  # gate and up, fused
+        self.w2 = Linear(cfg.intermediate_size, cfg.dim)
+
+    def forward(self, x):
+        gate, up = self.w13(x).chunk(2, dim=-1)
+        return self.w2(F.silu(gate) * up)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.attn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.attn = Attention(cfg)
+        self.mlp_norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x, cos, sin, layer, cache, mask):
+        x = x + self.attn(self.attn_norm(x), cos, sin, layer, cache, mask)
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class Transformer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        # With tied embeddings the one matrix is the head's (dim, V); a token's embedding is its column.
+        self.embed = None if cfg.tie_embeddings else nn.Embedding(cfg.vocab_size, cfg.dim)
+        self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.head = Linear(cfg.dim, cfg.vocab_size)
+        cos, sin = rope_table(cfg)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        # The seam for a faster forward over a few rows (cpu.accelerate sets it): an object with
+        # logits(tokens, input_pos, cache, mask, last_only) and hidden(..., embeds), each returning
+        # what this class returns, or None where it does not apply (the eager code below runs then).
+        self.fast_rows = None
+
+    @property
+    def device(self):
+        return self.head.weight.device
+
+    @property
+    def dtype(self):
+        return self.head.weight.dtype
+
+    def embed_tokens(self, tokens):
+        if self.embed is None:
+            return F.embedding(tokens, self.head.weight.t())  # (B, T, dim): columns of the head
+        return self.embed(tokens)
+
+    def forward(self, tokens, input_pos=None, cache=None, mask=None, last_only=False):
+        if self.fast_rows is not None:
+            logits = self.fast_rows.logits(tokens, input_pos, cache, mask, last_only)
+            if logits is not None:
+                return logits
+        x = self.hidden(tokens, input_pos, cache, mask)
+        if last_only:
+            x = x[:, -1:]  # (B, 1, dim)
+        return self.head(x).float()  # (B, T, V)
+
+    def hidden(self, tokens, input_pos=None, cache=None, mask=None, embeds=None):
+        """The final normalised hidden states (B, T, dim), before the output head.
+        `embeds` (B, T, dim) replaces the token embeddings (a feature draft builds its own)."""
+        if self.fast_rows is not None:
+            x = self.fast_rows.hidden(tokens, input_pos, cache, mask, embeds)
+            if x is not None:
+                return x
+        B, T = tokens.shape
+        start = cache.length if cache is not None else 0
+        if input_pos is None:
+            input_pos = torch.arange(start, start + T, device=tokens.device)
+        if cache is not None:
+            cache.reserve(T)  # raise before any layer writes
+            if mask is None and T > 1:
+                mask = verification_mask(start, T, device=tokens.device, dtype=self.dtype)
+        cos = self.rope_cos[input_pos].to(self.dtype)[:, None]  # (T, 1, D): broadcast over heads
+        sin = self.rope_sin[input_pos].to(self.dtype)[:, None]  # (T, 1, D)
+        x = self.embed_tokens(tokens) if embeds is None else embeds  # (B, T, dim)
+        for i, block in enumerate(self.layers):
+            x = block(x, cos, sin, i, cache, mask)
+        if cache is not None:
+            cache.advance(T)
+        return self.norm(x)
+
+
+def init_weights(model: Transformer, seed: int = 0, std: float = 0.02) -> Transformer:
+    """Random weights for tests and for a draft's starting point."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.fill_(1.0)
+            elif p.dim() >= 1:
+                p.copy_(torch.randn(p.shape, generator=g) * std)
+    return model

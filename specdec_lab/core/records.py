@@ -1,0 +1,104 @@
+"""What one step did (StepRecord) and what a run added up to (RunStats): plain Python.
+
+These are what the chapters plot, the live demo draws and the Prometheus
+exporter (lab/metrics.py) counts.
+"""
+from dataclasses import dataclass, field
+
+
+@dataclass
+class StepRecord:
+    step: int
+    k: int  # tokens drafted this step (0 means a plain target step)
+    drafted: list  # the drafted ids d_1..d_k
+    num_accepted: int
+    next_token: int  # the correction (a rejection) or bonus (all accepted) token
+    p_draft: list  # p_i(d_i), the target's probability of each drafted token
+    q_draft: list  # q_i(d_i), the draft's probability of each drafted token
+    uniforms: list  # u_i drawn for each acceptance test (empty when greedy)
+    draft_seconds: float
+    target_seconds: float
+    syncs: int  # host synchronisations this step
+    committed: list = field(default_factory=list)  # tokens this step added to the output
+
+    @property
+    def bonus(self) -> bool:
+        return self.k > 0 and self.num_accepted == self.k
+
+
+@dataclass
+class RunStats:
+    new_tokens: int = 0
+    steps: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    seconds: float = 0.0  # wall time of the decode loop, prefill excluded
+    prefill_seconds: float = 0.0
+    draft_seconds: float = 0.0
+    target_seconds: float = 0.0
+    syncs: int = 0
+    accepted_per_position: list = field(default_factory=list)  # [i] = drafts whose token i was accepted
+    drafts: int = 0  # steps that drafted at least one token (k > 0); vLLM's num_drafts
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.new_tokens / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def mean_tokens_per_step(self) -> float:
+        return self.new_tokens / self.steps if self.steps else 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def syncs_per_step(self) -> float:
+        return self.syncs / self.steps if self.steps else 0.0
+
+    def add_step(self, rec: StepRecord, new_tokens: int):
+        self.steps += 1
+        self.drafts += int(rec.k > 0)
+        self.new_tokens += new_tokens
+        self.drafted += rec.k
+        self.accepted += rec.num_accepted
+        self.draft_seconds += rec.draft_seconds
+        self.target_seconds += rec.target_seconds
+        self.syncs += rec.syncs
+        while len(self.accepted_per_position) < rec.k:
+            self.accepted_per_position.append(0)
+        for i in range(rec.num_accepted):
+            self.accepted_per_position[i] += 1
+
+    def as_dict(self) -> dict:
+        out = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        for k in ("tokens_per_second", "mean_tokens_per_step", "acceptance_rate", "syncs_per_step"):
+            out[k] = getattr(self, k)
+        return out
+
+
+class MovingRatio:
+    """An exponentially weighted ratio: decayed sum of numerators over decayed sum of denominators.
+
+    After updates (a_1, b_1) .. (a_t, b_t): value = sum_i decay^(t-i) a_i / sum_i decay^(t-i) b_i.
+    decay = 1 gives the plain cumulative ratio; smaller decays forget faster (an
+    update's weight halves after log(0.5)/log(decay) further updates). Weighting by
+    the denominator means a step that drafted 5 tokens counts five times a step
+    that drafted 1, as the cumulative acceptance rate does.
+    """
+
+    def __init__(self, decay: float = 0.9):
+        if isinstance(decay, bool) or not isinstance(decay, (int, float)) or not 0.0 < decay <= 1.0:
+            raise ValueError(f"decay must be a number in (0, 1], got {decay!r}")
+        self.decay = float(decay)
+        self.num = 0.0
+        self.den = 0.0
+
+    def update(self, num: float, den: float):
+        self.num = self.decay * self.num + num
+        self.den = self.decay * self.den + den
+
+    @property
+    def value(self) -> float | None:
+        """The ratio, or None before any denominator was seen."""
+        return self.num / self.den if self.den > 0 else None

@@ -1,0 +1,84 @@
+"""From logits to the distribution a token is drawn from, and drawing it without a host sync.
+
+The same function turns the target's logits into p and the draft's into q, so
+temperature, top-k and top-p act identically on both; speculative sampling is
+lossless with respect to *this* processed p (arXiv 2211.17192, section 2.3).
+
+Temperature 0 is greedy and takes its own path: the distribution is one-hot at
+the argmax, and nothing is divided by zero.
+
+Drawing: inverse-CDF sampling, the first index whose cumulative probability
+exceeds u * total with u ~ Uniform[0, 1). It stays on the device (searchsorted,
+no .item()), draws one uniform per row instead of V exponentials (the
+exponential race argmax(p / E) costs about 1 ms per draw over 49152 tokens on
+this project's CPU, searchsorted about 0.05 ms), and takes an explicit
+torch.Generator so seeded runs repeat.
+"""
+import math
+
+import torch
+
+
+def check_sampling_args(temperature, top_p, top_k=0):
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not 0 <= temperature < math.inf:
+        raise ValueError(f"temperature must be a finite number >= 0 (0 is greedy), got {temperature!r}")
+    if isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not (0.0 < top_p <= 1.0):
+        raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
+        raise ValueError(f"top_k must be an int >= 0 (0 disables it), got {top_k!r}")
+
+
+def logits_to_probs(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
+    """(..., V) logits -> (..., V) float32 probabilities after temperature, top-k and top-p."""
+    logits = logits.float()
+    if temperature == 0:
+        return torch.zeros_like(logits).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
+    logits = logits / temperature
+    if top_k and top_k < logits.shape[-1]:
+        kth = logits.topk(top_k, dim=-1).values[..., -1:]  # (..., 1)
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = logits.softmax(-1)
+    if top_p < 1.0:
+        sorted_p, order = probs.sort(-1, descending=True)
+        mass_before = sorted_p.cumsum(-1) - sorted_p  # mass of the tokens ranked above each one
+        drop_sorted = mass_before >= top_p  # keep the smallest prefix whose mass reaches top_p
+        drop = drop_sorted.scatter(-1, order, drop_sorted)
+        probs = probs.masked_fill(drop, 0.0)
+        probs = probs / probs.sum(-1, keepdim=True)
+    return probs
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Draw one index per row of (..., V) probabilities; returns (...,) int64 on the device."""
+    cdf = probs.cumsum(-1)  # (..., V)
+    u = torch.rand(cdf.shape[:-1] + (1,), generator=generator, device=probs.device, dtype=cdf.dtype)
+    idx = torch.searchsorted(cdf, u * cdf[..., -1:], right=True)  # tokens with p = 0 own an empty interval
+    return idx.clamp_max(probs.shape[-1] - 1).squeeze(-1)
+
+
+def exponential_noise(n: int, generator: torch.Generator | None = None, device="cpu") -> torch.Tensor:
+    """(n,) Exponential(1) draws, -log U with U ~ Uniform[0, 1): verification's noise for its one
+    final draw, argmax(dist / e). Four cheap ops: on this project's CPU, about 0.2 ms for 49152
+    draws against 0.93 ms for torch's exponential_. Every draw is finite and positive: a 0 would
+    make its token win whatever its probability, and an inf would make a token with all the
+    probability lose. U = 0 (a 2^-24 chance per token) is read as half a step above it, 2^-25."""
+    return torch.rand(n, generator=generator, device=device).clamp_(min=2.0 ** -25).log_().neg_()
+
+
+def make_generator(seed, device) -> torch.Generator:
+    g = torch.Generator(device=device)
+    if seed is None:
+        g.seed()
+    else:
+        g.manual_seed(int(seed))
+    return g
+
+
+def draft_token(logits, sampling, generator, need_q=False):
+    """One drafted token from a draft's logits (V,): (token, q). Greedy takes the argmax and has q
+    None unless need_q (an early stop reads it: the softmax at temperature 1); sampling draws
+    from q, the processed distribution that verification divides by."""
+    if sampling.greedy:
+        return logits.argmax(-1), (torch.softmax(logits, -1) if need_q else None)
+    q = logits_to_probs(logits, sampling.temperature, sampling.top_k, sampling.top_p)
+    return sample(q, generator), q

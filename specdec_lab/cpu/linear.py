@@ -1,0 +1,106 @@
+"""Fast twins of core.model's Linear and RMSNorm for a CPU: the same interface and the same math.
+
+`FastLinear` runs products over a few float32 rows (decode's one, verification's K+1) through
+the project's panel kernel (build.py, csrc/panel_matmul.cpp), which reads a copy of W laid out
+as contiguous column panels; other products over several rows (prefill) and all bfloat16
+products go through a oneDNN copy of W prepacked once into its blocked layout, where torch has
+it. `FastRMSNorm` normalises a few rows in one call. Each copy of W is built on first use and
+rebuilt whenever W changes. Neither copy has a backward, so a weight being trained takes the
+plain product. What each bought, measured: docs/benchmarks.md.
+"""
+import weakref
+
+import torch
+
+from ..core.model import Linear, RMSNorm
+from . import build as kernels
+
+# Private torch APIs, each with a fallback when absent:
+# - mkldnn._reorder_linear_weight / _linear_pointwise: oneDNN's prepacked linear (PyTorch's own
+#   CPU inference path uses them); without them, products stay `x @ W`.
+# - mkldnn._is_mkldnn_bf16_supported: whether oneDNN packs bfloat16 on this processor (AVX-512 BF16
+#   or AVX-NE-CONVERT); without it, bfloat16 products stay `x @ W`.
+_MKLDNN = getattr(torch.ops, "mkldnn", None)
+HAVE_PACKING = torch.backends.mkldnn.is_available() and hasattr(_MKLDNN, "_reorder_linear_weight")
+CAN_PACK_BF16 = (HAVE_PACKING and hasattr(_MKLDNN, "_is_mkldnn_bf16_supported")
+                 and bool(_MKLDNN._is_mkldnn_bf16_supported()))
+PACK_ROWS_HINT = 5  # the row count oneDNN tunes its layout for; it serves any row count
+
+# Each module's panel copies: {dtype: ((data_ptr, version) of W, panels)}. Kept beside the module,
+# not in it, so that copying or saving a model copies none of them.
+_PANELS = weakref.WeakKeyDictionary()
+
+
+def panel_weight(linear: Linear, dtype=torch.float32) -> torch.Tensor:
+    """The panel kernel's copy of `linear`'s W (build.pack): float32, or rounded to float16, int8,
+    4 bits (torch.uint4) or int8 per group (torch.qint8). Rebuilt when W changes: its storage or
+    its version counter (Tensor._version, bumped by every in-place write)."""
+    w = linear.weight
+    key = (w.data_ptr(), w._version)
+    copies = _PANELS.setdefault(linear, {})
+    cached = copies.get(dtype)
+    if cached is None or cached[0] != key:
+        cached = copies[dtype] = (key, kernels.pack(w, dtype))
+    return cached[1]
+
+
+def uses_kernels(x: torch.Tensor, w: torch.Tensor) -> bool:
+    """The panel kernel takes this call: float32 on the CPU, a few rows, nothing to differentiate,
+    a library that built, and threads it can use."""
+    return (x.dtype == torch.float32 and w.dtype == torch.float32 and w.device.type == "cpu"
+            and 0 < x.numel() <= kernels.MAX_ROWS * x.shape[-1]
+            and not (w.requires_grad and torch.is_grad_enabled()) and kernels.available()
+            and (kernels.threaded() or torch.get_num_threads() == 1))
+
+
+def can_pack(w: torch.Tensor) -> bool:
+    return (HAVE_PACKING and w.device.type == "cpu"
+            and (w.dtype == torch.float32 or (w.dtype == torch.bfloat16 and CAN_PACK_BF16)))
+
+
+class FastLinear(Linear):
+    """Linear with the panel kernel for a few float32 rows and oneDNN's packed product elsewhere.
+    `packed=False` leaves the several-row products to `x @ W`."""
+
+    def __init__(self, linear: Linear, packed: bool = True):
+        torch.nn.Module.__init__(self)  # not Linear's: it would allocate a W to throw away
+        self.weight, self.bias = linear.weight, linear.bias  # the same Parameters: nothing is copied
+        self.packed = packed
+        self._packed, self._packed_key = None, None
+
+    def packed_weight(self):
+        w = self.weight
+        key = (w.data_ptr(), w._version, w.dtype)
+        if self._packed_key != key:
+            self._packed = _MKLDNN._reorder_linear_weight(w.detach().t().contiguous(), PACK_ROWS_HINT)
+            self._packed_key = key
+        return self._packed
+
+    def packed_product(self, x):
+        """x @ W through oneDNN's prepacked copy (bias left out), whatever the row count."""
+        return _MKLDNN._linear_pointwise(x, self.packed_weight(), None, "none", [None], "")
+
+    def forward(self, x):
+        w = self.weight
+        if uses_kernels(x, w):
+            y = kernels.matmul(x, panel_weight(self), w.shape[1])
+            return y + self.bias if self.bias is not None else y
+        rows = x.numel() // max(x.shape[-1], 1)
+        if (self.packed and (rows > 1 or w.dtype == torch.bfloat16) and can_pack(w) and x.dtype == w.dtype
+                and not (w.requires_grad and torch.is_grad_enabled())):
+            bias = None if self.bias is None else self.bias.detach()
+            return _MKLDNN._linear_pointwise(x, self.packed_weight(), bias, "none", [None], "")
+        return super().forward(x)
+
+
+class FastRMSNorm(RMSNorm):
+    """RMSNorm over a few float32 rows in one call into the kernel library."""
+
+    def __init__(self, norm: RMSNorm):
+        torch.nn.Module.__init__(self)
+        self.eps, self.weight = norm.eps, norm.weight
+
+    def forward(self, x):
+        if uses_kernels(x, self.weight):
+            return kernels.rms_norm(x, self.weight, self.eps)
+        return super().forward(x)

@@ -1,0 +1,233 @@
+"""Loading weights: the one module that imports transformers.
+
+Contract: `load_model(source)` takes a hub id, a local Hugging Face folder or a
+.gguf file, reads it through transformers, and moves the weights into the
+project's own `Transformer` with a shape check on every tensor. It returns
+(model, tokenizer). Supported: the Llama family (Llama, Mistral, SmolLM2) and
+Qwen2 (q/k/v biases). Anything else raises a ValueError naming it.
+
+A folder that already holds config.json and model.safetensors is read
+directly with safetensors, without building a transformers model: this is how
+the converted default target loads in a few seconds.
+"""
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from ..core.config import ModelConfig
+from ..core.model import Transformer, rope_table
+
+SUPPORTED = ("llama", "mistral", "qwen2")
+
+
+def config_from_hf(hf: dict, eos_ids=()) -> ModelConfig:
+    """ModelConfig from a Hugging Face config dict (config.json or config.to_dict())."""
+    arch = hf.get("model_type")
+    if arch not in SUPPORTED:
+        raise ValueError(f"model architecture {arch!r} is not supported; supported: {', '.join(SUPPORTED)}")
+    rope = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
+    theta = rope.pop("rope_theta", hf.get("rope_theta", 10000.0))
+    if rope.get("rope_type", rope.get("type", "default")) == "default":
+        rope = None
+    eos = hf.get("eos_token_id")
+    eos = [eos] if isinstance(eos, int) else list(eos or [])
+    heads = hf["num_attention_heads"]
+    return ModelConfig(
+        vocab_size=hf["vocab_size"], dim=hf["hidden_size"], n_layers=hf["num_hidden_layers"],
+        n_heads=heads, n_kv_heads=hf.get("num_key_value_heads") or heads,
+        head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
+        intermediate_size=hf["intermediate_size"], norm_eps=hf.get("rms_norm_eps", 1e-5),
+        rope_theta=float(theta), rope_scaling=rope, max_seq_len=min(hf.get("max_position_embeddings", 8192), 32768),
+        tie_embeddings=bool(hf.get("tie_word_embeddings", False)), qkv_bias=(arch == "qwen2"),
+        eos_token_ids=tuple(dict.fromkeys(eos + [e for e in eos_ids if e is not None])), architecture=arch)
+
+
+def config_to_hf(cfg: ModelConfig) -> dict:
+    """A config.json that transformers reads as a LlamaConfig (used to ship the draft)."""
+    out = {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.dim, "num_hidden_layers": cfg.n_layers, "num_attention_heads": cfg.n_heads,
+        "num_key_value_heads": cfg.n_kv_heads, "head_dim": cfg.head_dim,
+        "intermediate_size": cfg.intermediate_size, "rms_norm_eps": cfg.norm_eps, "rope_theta": cfg.rope_theta,
+        "max_position_embeddings": cfg.max_seq_len, "tie_word_embeddings": cfg.tie_embeddings,
+        "hidden_act": "silu", "attention_bias": False, "mlp_bias": False,
+        "bos_token_id": 1, "eos_token_id": list(cfg.eos_token_ids), "pad_token_id": cfg.eos_token_ids[0],
+        "torch_dtype": "float32",
+    }
+    if cfg.rope_scaling:
+        out["rope_scaling"] = dict(cfg.rope_scaling)  # a copy: transformers edits this dict in place
+    return out
+
+
+def from_hf_state_dict(sd: dict, cfg: ModelConfig) -> dict:
+    """Rename, transpose to (in, out) and fuse a Hugging Face Llama state dict into this project's layout."""
+    out = {"norm.weight": sd["model.norm.weight"]}
+    head = sd["model.embed_tokens.weight"] if cfg.tie_embeddings else sd["lm_head.weight"]
+    out["head.weight"] = head.t().contiguous()  # (dim, V)
+    if not cfg.tie_embeddings:
+        out["embed.weight"] = sd["model.embed_tokens.weight"]
+    for i in range(cfg.n_layers):
+        h, m = f"model.layers.{i}.", f"layers.{i}."
+        qkv = [sd[h + f"self_attn.{n}_proj.weight"] for n in "qkv"]
+        out[m + "attn.wqkv.weight"] = torch.cat(qkv, dim=0).t().contiguous()  # (dim, H*D + 2*Hkv*D)
+        if cfg.qkv_bias:
+            out[m + "attn.wqkv.bias"] = torch.cat([sd[h + f"self_attn.{n}_proj.bias"] for n in "qkv"])
+        out[m + "attn.wo.weight"] = sd[h + "self_attn.o_proj.weight"].t().contiguous()
+        gate_up = torch.cat([sd[h + "mlp.gate_proj.weight"], sd[h + "mlp.up_proj.weight"]])
+        out[m + "mlp.w13.weight"] = gate_up.t().contiguous()  # (dim, 2 * intermediate)
+        out[m + "mlp.w2.weight"] = sd[h + "mlp.down_proj.weight"].t().contiguous()
+        out[m + "attn_norm.weight"] = sd[h + "input_layernorm.weight"]
+        out[m + "mlp_norm.weight"] = sd[h + "post_attention_layernorm.weight"]
+    return out
+
+
+def to_hf_state_dict(model: Transformer) -> dict:
+    """The inverse of from_hf_state_dict, for saving in Hugging Face format."""
+    cfg, sd = model.cfg, model.state_dict()
+    q, kv = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
+    out = {"model.norm.weight": sd["norm.weight"]}
+    out["model.embed_tokens.weight"] = sd["head.weight"].t() if cfg.tie_embeddings else sd["embed.weight"]
+    if not cfg.tie_embeddings:
+        out["lm_head.weight"] = sd["head.weight"].t()
+    for i in range(cfg.n_layers):
+        h, m = f"model.layers.{i}.", f"layers.{i}."
+        wq, wk, wv = sd[m + "attn.wqkv.weight"].t().split([q, kv, kv])
+        gate, up = sd[m + "mlp.w13.weight"].t().chunk(2)
+        out.update({h + "self_attn.q_proj.weight": wq, h + "self_attn.k_proj.weight": wk,
+                    h + "self_attn.v_proj.weight": wv, h + "self_attn.o_proj.weight": sd[m + "attn.wo.weight"].t(),
+                    h + "mlp.gate_proj.weight": gate, h + "mlp.up_proj.weight": up,
+                    h + "mlp.down_proj.weight": sd[m + "mlp.w2.weight"].t(),
+                    h + "input_layernorm.weight": sd[m + "attn_norm.weight"],
+                    h + "post_attention_layernorm.weight": sd[m + "mlp_norm.weight"]})
+    return {k: v.contiguous().clone() for k, v in out.items()}
+
+
+def build_model(cfg: ModelConfig, state_dict: dict, device="cpu", dtype=torch.float32) -> Transformer:
+    """A Transformer holding exactly these weights; every shape is checked."""
+    with torch.device("meta"):
+        model = Transformer(cfg)
+    expected = {k: v.shape for k, v in model.state_dict().items()}
+    if set(expected) != set(state_dict):
+        missing, extra = set(expected) - set(state_dict), set(state_dict) - set(expected)
+        raise ValueError(f"weights do not match the decoder: missing {sorted(missing)[:5]}, extra {sorted(extra)[:5]}")
+    for k, shape in expected.items():
+        if state_dict[k].shape != shape:
+            raise ValueError(f"weight {k}: expected shape {tuple(shape)}, got {tuple(state_dict[k].shape)}")
+    sd = {k: v.to(device=device, dtype=dtype) for k, v in state_dict.items()}
+    model.load_state_dict(sd, strict=True, assign=True)
+    cos, sin = rope_table(cfg)
+    model.rope_cos, model.rope_sin = cos.to(device), sin.to(device)
+    return model.eval().requires_grad_(False)
+
+
+def _is_converted_folder(path: Path) -> bool:
+    return path.is_dir() and (path / "config.json").exists() and (path / "model.safetensors").exists()
+
+
+def load_tokenizer(source, gguf_file=None):
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(str(source), gguf_file=gguf_file)
+
+
+def load_model(source, device="cpu", dtype=torch.float32):
+    """(Transformer, tokenizer) from a hub id, a local folder or a .gguf file.
+    A local folder without tokenizer files (the shipped draft: it uses its target's) gives None."""
+    path = Path(os.path.expanduser(str(source)))
+    if _is_converted_folder(path):
+        from safetensors.torch import load_file
+        hf_cfg = json.loads((path / "config.json").read_text())
+        has_tok = (path / "tokenizer.json").exists() or (path / "tokenizer.model").exists()
+        tok = load_tokenizer(path) if has_tok else None
+        cfg = config_from_hf(hf_cfg, eos_ids=[tok.eos_token_id] if tok is not None else [])
+        sd = load_file(str(path / "model.safetensors"))
+        if cfg.tie_embeddings and "lm_head.weight" in sd:
+            del sd["lm_head.weight"]
+        return build_model(cfg, from_hf_state_dict(sd, cfg), device, dtype), tok
+    hf_model, tok = load_hf_model(source)
+    cfg = config_from_hf(hf_model.config.to_dict(), eos_ids=[tok.eos_token_id])
+    return build_model(cfg, from_hf_state_dict(hf_model.state_dict(), cfg), device, dtype), tok
+
+
+def load_hf_model(source, dtype=torch.float32):
+    """The transformers model and tokenizer (used for conversion, and as the oracle in tests)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+    path = Path(os.path.expanduser(str(source)))
+    folder, gguf = (path.parent, path.name) if path.suffix == ".gguf" else (source, None)
+    if gguf is None:
+        arch = AutoConfig.from_pretrained(str(folder)).model_type
+        if arch not in SUPPORTED:
+            raise ValueError(f"model architecture {arch!r} is not supported; supported: {', '.join(SUPPORTED)}")
+    model = AutoModelForCausalLM.from_pretrained(str(folder), gguf_file=gguf, dtype=dtype)
+    if model.config.model_type not in SUPPORTED:
+        raise ValueError(f"model architecture {model.config.model_type!r} is not supported; "
+                         f"supported: {', '.join(SUPPORTED)}")
+    return model.eval(), load_tokenizer(folder, gguf)
+
+
+def convert_gguf(gguf_path, out_dir):
+    """Dequantize a .gguf once and save it as a Hugging Face folder (float32 safetensors)."""
+    from safetensors.torch import save_file
+    model, tok = load_hf_model(gguf_path)
+    hf_cfg = model.config.to_dict()
+    hf_cfg.pop("quantization_config", None)  # the saved weights are plain float32
+    hf_cfg["architectures"] = [type(model).__name__]
+    sd = model.state_dict()
+    if hf_cfg.get("tie_word_embeddings"):
+        sd.pop("lm_head.weight", None)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in sd.items()}, str(out_dir / "model.safetensors"),
+              metadata={"format": "pt"})
+    (out_dir / "config.json").write_text(json.dumps(hf_cfg, indent=2))
+    tok.save_pretrained(str(out_dir))
+    return out_dir
+
+
+# ----------------------------------------------------------------------------- transformers as a baseline
+# The benchmarks (bench.py) time transformers' own generate and assisted generation
+# against this project's engine; these two functions keep that import here.
+
+def load_hf_causal_lm(source, device="cpu", dtype=torch.float32):
+    """transformers' model alone, for a folder without a tokenizer (the shipped draft is one)."""
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(str(source), dtype=dtype)
+    if model.config.model_type not in SUPPORTED:
+        raise ValueError(f"model architecture {model.config.model_type!r} is not supported; "
+                         f"supported: {', '.join(SUPPORTED)}")
+    return model.to(device).eval()
+
+
+@torch.no_grad()
+def hf_generate(hf_model, ids, max_new_tokens, assistant=None, temperature=0.0, seed=0, eos_token_ids=()):
+    """New token ids from transformers' `generate` (batch 1), or its assisted generation with
+    `assistant` (`assistant_model=`) at transformers' defaults: up to 20 draft tokens per
+    step, cut short when the assistant's confidence falls below an adaptive threshold
+    (0.4 at first). Greedy at temperature 0; otherwise plain sampling (top-k, top-p off), seeded."""
+    device = hf_model.device
+    x = torch.tensor([list(ids)], device=device)  # (1, T)
+    eos = list(eos_token_ids) or None
+    kw = dict(max_new_tokens=max_new_tokens, attention_mask=torch.ones_like(x), eos_token_id=eos,
+              pad_token_id=eos[0] if eos else None)
+    if temperature > 0:
+        kw.update(do_sample=True, temperature=float(temperature), top_k=0, top_p=1.0)
+        torch.manual_seed(seed)
+    else:
+        kw.update(do_sample=False, temperature=None, top_k=None, top_p=None)
+    if assistant is not None:
+        kw["assistant_model"] = assistant
+    out = hf_model.generate(x, **kw)
+    return out[0, x.shape[1]:].tolist()
+
+
+def load_draft(folder, device="cpu", dtype=torch.float32):
+    """A draft from a Hugging Face folder that holds no tokenizer (train.distill.save_draft writes
+    none): the draft shares the target's, so only the weights are read."""
+    from safetensors.torch import load_file
+    folder = Path(os.path.expanduser(str(folder)))
+    cfg = config_from_hf(json.loads((folder / "config.json").read_text()))
+    sd = load_file(str(folder / "model.safetensors"))
+    if cfg.tie_embeddings:
+        sd.pop("lm_head.weight", None)
+    return build_model(cfg, from_hf_state_dict(sd, cfg), device, dtype)

@@ -1,0 +1,140 @@
+"""Broken on purpose: small variants of correct pieces, each with one classic bug.
+
+The chapters plug these into the engine (which accepts a drafter object, a
+`verifier=` function and a target model) to show what each bug does, next to
+the correct version. Nothing else in the library imports this module.
+
+Verification (chapter 02), measured with lossless.py's chi-square test:
+- `verify_resample_from_p`: at a rejection, draws the next token from p instead
+  of the residual norm(max(0, p - q)). Tokens the draft over-proposes come out
+  too often: p(x) is paid twice, once through acceptance and once through p.
+- `GreedyDraftSampledQ`: the draft proposes its argmax but reports its softmax
+  as q. The acceptance rule assumes d ~ q; a greedy draft's real q is one-hot.
+
+The KV cache (chapter 03), the rollback of the Rust article "Speculative Decoding
+in Custom LLM Servicing: Implementing Draft Models in Rust" (docs/design.md lists
+its pitfalls):
+- `SeedDraftCache`: after a step it keeps `num_accepted` draft-cache entries
+  instead of num_accepted + 1, and never feeds d_K. Every step loses one committed
+  token from the draft's view; verification keeps the output right, but the
+  draft drafts from a corrupted context and its acceptance falls.
+- `SeedRollbackCache`: the same arithmetic applied to the target's cache, where
+  nothing checks it: the output itself goes wrong.
+
+The verification mask (chapter 04):
+- `UnmaskedTarget`: runs the K+1 verification pass with no mask, so position i
+  also sees the drafted tokens after it, including the one it is judging.
+"""
+import torch
+
+from ..api import SpeculativeEngine
+from ..core.kv_cache import KVCache
+from ..core.sampling import logits_to_probs
+from ..core.verify import _draw, verify
+from ..drafters import ModelDrafter
+
+
+def verify_resample_from_p(draft_ids, p, q, u, e, greedy=False):
+    """Bug: the correction token is drawn from p_j, not from norm(max(0, p_j - q_j))."""
+    if greedy:
+        return verify(draft_ids, p, q, u, e, greedy=True)
+    n = verify(draft_ids, p, q, u, e)[:1]  # (1,) the number accepted is computed correctly
+    return torch.cat([n, _draw(p.index_select(0, n)[0], e).view(1)])
+
+
+class GreedyDraftSampledQ(ModelDrafter):
+    """Bug: proposes argmax q but returns the soft q, as if the token had been sampled from it.
+    The fix is to return q = None (one-hot), which the engine verifies correctly."""
+
+    def propose(self, k, sampling, generator):
+        x = torch.tensor([self.pending], device=self.model.device)  # (1, T)
+        ids, qs = [], []
+        for _ in range(k):
+            logits = self.model(x, cache=self.cache, last_only=True)[0, -1]  # (V,)
+            q = logits_to_probs(logits, max(sampling.temperature, 1e-6), sampling.top_k, sampling.top_p)
+            d = q.argmax(-1)  # not a draw from q
+            ids.append(d)
+            qs.append(q)
+            x = d.view(1, 1)
+        return torch.stack(ids), torch.stack(qs)
+
+
+class SeedDraftCache(ModelDrafter):
+    """The article's draft-cache rollback: keep `num_accepted` of the k entries this step
+    appended, and feed only the next token. `seen` tracks the token ids the draft's cache
+    really holds, `committed` the ones it should hold (both without the pending token)."""
+
+    def reset(self):
+        super().reset()
+        self.seen = []  # token ids whose keys/values are in the draft's cache, in order
+        self.committed = []  # what the target committed: prompt[:-1] at first, then each step's tokens
+
+    def prefill(self, prompt_ids, hidden=None):
+        super().prefill(prompt_ids)
+        self.seen = list(prompt_ids[:-1])
+        self.committed = list(prompt_ids[:-1])
+
+    def commit(self, verdict, hidden=None):
+        k, drafted, num_accepted, next_token = verdict.k, verdict.drafted, verdict.num_accepted, verdict.next_token
+        if k == 0:
+            return super().commit(verdict)
+        fed = self.pending + list(drafted[:k - 1])  # what propose() wrote: pending, d_1..d_{k-1}
+        start = self.cache.length - len(fed)
+        self.committed += self.pending + list(drafted[:num_accepted])
+        # The article's: draft_kv.rollback(current_len - k + accepted), and only the next token is fed.
+        # With one pending token that keeps [c, d_1..d_{a-1}]: d_a (or c when a = 0) is lost.
+        keep = self.cache.length - k + num_accepted
+        self.cache.rollback(keep)
+        self.seen = self.seen[:start] + fed[:keep - start]
+        self.pending = [next_token]
+
+
+def draft_lag(engine) -> int:
+    """Committed tokens that the engine's model drafter has neither in its cache nor pending.
+    The target's cache holds every committed token but the newest, so a correct drafter
+    satisfies draft cache length + pending == target cache length + 1, and this is 0."""
+    drafter = engine.drafter
+    return engine.cache.length + 1 - drafter.cache.length - len(drafter.pending)
+
+
+class SeedRollbackCache(KVCache):
+    """A target cache whose rollback keeps one position fewer than asked: the seed's
+    draft arithmetic (keep `accepted` of the K+1 verified positions) applied to the target."""
+
+    def rollback(self, length: int):
+        super().rollback(max(0, length - 1))
+
+
+def seed_rollback_engine(target, draft, k=4, **kwargs) -> SpeculativeEngine:
+    """A SpeculativeEngine whose target cache is a SeedRollbackCache (same capacity and dtype)."""
+    engine = SpeculativeEngine(target, draft, k=k, **kwargs)
+    engine.cache = SeedRollbackCache.for_model(target.cfg, engine.max_seq_len, dtype=target.dtype,
+                                               device=target.device)
+    return engine
+
+
+class UnmaskedTarget(torch.nn.Module):
+    """Wraps a Transformer and runs every multi-token pass over a non-empty cache (the K+1
+    verification pass) with an all-zero mask: each new position attends to every new
+    position, later ones included. The prefill (empty cache) and single-token decode are
+    left as they are, so the verification pass is the only thing that changes."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+        self.cfg = model.cfg
+        self.tokenizer = getattr(model, "tokenizer", None)
+
+    @property
+    def device(self):
+        return self.model.device
+
+    @property
+    def dtype(self):
+        return self.model.dtype
+
+    def forward(self, tokens, input_pos=None, cache=None, mask=None, last_only=False):
+        if cache is not None and cache.length > 0 and tokens.shape[1] > 1:
+            B, T, L = tokens.shape[0], tokens.shape[1], cache.length
+            mask = torch.zeros(B, 1, T, L + T, device=tokens.device, dtype=self.dtype)  # sees everything
+        return self.model(tokens, input_pos, cache, mask, last_only)

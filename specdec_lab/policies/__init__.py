@@ -1,0 +1,1 @@
+"""Policies over the engine: adaptive K."""
