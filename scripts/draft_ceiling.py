@@ -30,9 +30,9 @@ import torch
 
 from specdec_lab.bench import STOP_BELOW, STOP_K
 from specdec_lab.drafters import ngram_lookup_reference
-from specdec_lab.engine import autoregressive_generate
-from specdec_lab.pair import load_default_pair
-from specdec_lab.prompts import BENCH_PROMPTS
+from specdec_lab import autoregressive_generate
+from specdec_lab import load_default_pair
+from specdec_lab.train.prompts import BENCH_PROMPTS
 
 ROOT = Path(__file__).resolve().parents[1]
 TOP = 4  # draft choices kept per position

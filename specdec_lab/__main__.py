@@ -143,7 +143,7 @@ def add_bench_parser(sub):
     b.add_argument("--target", help="hub id or folder of the target (default: SmolLM2-135M-Instruct)")
     b.add_argument("--draft", "--draft-dir", dest="draft",
                    help="hub id or Hugging Face folder of the draft (default: the shipped draft)")
-    b.add_argument("--feature-draft", help="folder of a feature draft (feature_draft.py) to run beside the "
+    b.add_argument("--feature-draft", help="folder of a feature draft (drafters/feature.py) to run beside the "
                    "draft (default, for the default target: distill-features' output where it exists, "
                    "else the shipped one)")
     b.add_argument("--no-feature-draft", action="store_true", help="skip the feature draft's systems")
@@ -184,7 +184,7 @@ def main(argv=None):
     g.add_argument("--draft", help="hub id or folder of the draft (default: the shipped draft)")
     g.add_argument("--self-draft", action="store_true",
                    help="draft with the target's own weights read in 4 bits, or int8 where the kernels cannot "
-                        "(self_draft.py), instead of the draft")
+                        "(cpu/self_draft.py), instead of the draft")
     g.add_argument("--device", default="cpu")
     g.add_argument("--json", action="store_true", help="print one JSON document")
     g.add_argument("--compare", action="store_true",

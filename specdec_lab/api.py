@@ -18,7 +18,8 @@ import torch
 from .core.engine import Engine, autoregressive_generate  # noqa: F401 (re-exported)
 from .core.kv_cache import KVCache
 from .core.model import Transformer
-from .cpu import SelfDraft, SelfDrafter, accelerate as cpu_accelerate, unaccelerate
+from .cpu import SelfDraft, SelfDrafter, accelerated
+from .cpu import accelerate as accelerate_in_place
 from .drafters import FeatureDraft, FeatureDrafter, LookupDrafter, ModelDrafter
 from .drafters.feature import load_feature_draft as _load_feature_draft
 from .io.assets import ensure_default_target
@@ -103,41 +104,48 @@ class LookupThenModelDrafter(LookupDrafter):
         super().__init__(_model_drafter(draft, capacity, stop_below=stop_below), min_match, max_ngram)
 
 
-def _accelerated(model, accelerate, weights):
-    if accelerate is None:
-        accelerate = model.device.type == "cpu"
-    if not isinstance(accelerate, bool):
+def _check_accelerate(accelerate, device):
+    if accelerate is not None and not isinstance(accelerate, bool):
         raise TypeError(f"accelerate must be None (on the CPU), True or False, got {accelerate!r}")
-    return cpu_accelerate(model, weights=weights) if accelerate else unaccelerate(model)
+    return check_device(device).type == "cpu" if accelerate is None else accelerate
+
+
+def _fast_twin(key, model, weights):
+    """The cached model's fast twin (cpu.accelerated: the same weights), made once per process."""
+    key = key + ("accelerated", weights)
+    if key not in _CACHE:
+        _CACHE[key] = accelerated(model, weights=weights)
+    return _CACHE[key]
 
 
 def load_pair(target, draft, device="cpu", dtype=torch.float32, accelerate=None, vocab_subset_head=True) -> ModelPair:
     """A target and a draft (hub ids, local folders or .gguf files) that share a tokenizer.
 
-    accelerate: None makes both fast on the CPU (cpu.accelerate; the draft's one-call forward
-    reads half precision), False keeps the plain forward. The models are loaded once per process
-    and shared, so this applies to every pair holding them. vocab_subset_head: a draft folder's
+    accelerate: None makes both fast on the CPU (cpu.accelerated: fast twins that share the plain
+    models' weights; the draft's one-call forward reads half precision), False gives the plain
+    models. Weights are loaded once per process, whichever is asked for. vocab_subset_head: a draft folder's
     vocab_subset.json restricts the draft's head to those tokens (outputs unchanged: verification
     is lossless for any q)."""
     check_source("target", target)
     check_source("draft", draft)
-    check_device(device)
+    fast = _check_accelerate(accelerate, device)
     if not isinstance(vocab_subset_head, bool):
         raise TypeError(f"vocab_subset_head must be True or False, got {vocab_subset_head!r}")
     t = load_model_cached(target, device, dtype)
     d = load_model_cached(draft, device, dtype)
+    t_key, d_key = (str(target), str(device), dtype), (str(draft), str(device), dtype)
     if vocab_subset_head and vocab_subset(draft) is not None:
-        key = (str(draft), str(device), dtype, "vocab_subset")
-        if key not in _CACHE:
+        d_key = d_key + ("vocab_subset",)
+        if d_key not in _CACHE:
             tok = getattr(d, "tokenizer", None)
-            _CACHE[key] = with_vocab_subset(copy.deepcopy(d, {id(tok): tok}), draft)  # the cached draft stays whole
-        d = _CACHE[key]
+            _CACHE[d_key] = with_vocab_subset(copy.deepcopy(d, {id(tok): tok}), draft)  # the cached draft stays whole
+        d = _CACHE[d_key]
     if d.cfg.vocab_size != t.cfg.vocab_size:
         raise ValueError(f"draft vocabulary ({d.cfg.vocab_size}) differs from the target's "
                          f"({t.cfg.vocab_size}); the draft must share the target's tokenizer")
     d.tokenizer = t.tokenizer
-    _accelerated(t, accelerate, "float32")
-    _accelerated(d, accelerate, "float16")
+    if fast:
+        t, d = _fast_twin(t_key, t, "float32"), _fast_twin(d_key, d, "float16")
     return ModelPair(t, d, t.tokenizer)
 
 
@@ -153,5 +161,6 @@ def load_default_pair(device="cpu", dtype=torch.float32, accelerate=None) -> Mod
 def load_feature_draft(target, folder=None, accelerate=None):
     """drafters.load_feature_draft, made fast on the CPU like load_pair's draft (accelerate=None)."""
     model = _load_feature_draft(target, folder)
-    _accelerated(model.body, accelerate, "float16")
+    if _check_accelerate(accelerate, target.device):
+        accelerate_in_place(model.body, weights="float16")
     return model

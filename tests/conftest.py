@@ -6,7 +6,7 @@ is the oracle for parity tests. Tests marked `gpu` are skipped without CUDA.
 import pytest
 import torch
 
-from specdec_lab.pair import ModelPair, load_model_cached, tiny_model
+from specdec_lab.io.pair import ModelPair, load_model_cached, tiny_model
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -31,7 +31,7 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def default_target_dir():
     """The converted Hugging Face folder of SmolLM2-135M-Instruct (fetched once if missing)."""
-    from specdec_lab.assets import ensure_default_target
+    from specdec_lab.io.assets import ensure_default_target
     return ensure_default_target()
 
 
@@ -44,7 +44,7 @@ def default_target(default_target_dir):
 @pytest.fixture(scope="session")
 def hf_target(default_target_dir):
     """transformers' LlamaForCausalLM for the same folder, float32 on CPU: the oracle."""
-    from specdec_lab.weights import load_hf_model
+    from specdec_lab.io.weights import load_hf_model
     model, _ = load_hf_model(default_target_dir)
     return model
 

@@ -4,11 +4,10 @@ import random
 import pytest
 import torch
 
-from specdec_lab.adaptive import (CostAwareController, ThresholdController, expected_speedup,
-                                  expected_tokens_per_step, optimal_k)
-from specdec_lab.engine import SpeculativeEngine
-from specdec_lab.metrics import StepRecord
-from specdec_lab.pair import tiny_model
+from specdec_lab.policies.adaptive import CostAwareController, ThresholdController, expected_speedup, expected_tokens_per_step, optimal_k
+from specdec_lab import SpeculativeEngine
+from specdec_lab.core.records import StepRecord
+from specdec_lab.io.pair import tiny_model
 
 
 def closed_form_speedup(alpha, k, c):

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from specdec_lab import assets, weights
+from specdec_lab.io import assets
+from specdec_lab.io import weights
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 

@@ -9,9 +9,9 @@ import math
 import pytest
 import torch
 
-from specdec_lab.engine import autoregressive_generate
-from specdec_lab.pair import tiny_model
-from specdec_lab.text import encode_prompt
+from specdec_lab import autoregressive_generate
+from specdec_lab.io.pair import tiny_model
+from specdec_lab.core.text import encode_prompt
 
 PROMPTS = ["Why is the sky blue?", "Write a haiku about the sea.", "What is 17 times 23?",
            "List three uses of a paperclip.", "Explain what a KV cache is in one paragraph."]
@@ -107,7 +107,7 @@ def test_temperature_zero_ignores_the_seed(tiny_pair):
     assert a == b, "greedy decoding depends on the random generator"
 
 
-# ---------------------------------------------------------------- bad input (DESIGN.md section 7)
+# ---------------------------------------------------------------- bad input
 
 BAD = [
     ("prompt", dict(prompt=[]), None),

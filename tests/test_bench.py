@@ -9,12 +9,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from specdec_lab import bench, kernels
-from specdec_lab import model as model_module
-from specdec_lab.config import ModelConfig
-from specdec_lab.feature_draft import FeatureDraft
-from specdec_lab.pair import tiny_model
-from specdec_lab.roofline import expected_speedup
+from specdec_lab import bench
+from specdec_lab.cpu import build as kernels
+from specdec_lab.core import model as model_module
+from specdec_lab.core.config import ModelConfig
+from specdec_lab.drafters.feature import FeatureDraft
+from specdec_lab.io.pair import tiny_model
+from specdec_lab.analysis.roofline import expected_speedup
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -33,7 +34,7 @@ def test_bytes_per_token_counts_every_weight_once_and_the_kv_cache_read():
 
 
 def test_bytes_per_token_agrees_with_the_roofline_module_when_it_has_one():
-    from specdec_lab import roofline
+    from specdec_lab.analysis import roofline
     if not hasattr(roofline, "bytes_per_token"):
         pytest.skip("roofline.bytes_per_token not present")
     for cfg in (ModelConfig(), ModelConfig(tie_embeddings=False)):
@@ -184,15 +185,15 @@ def test_random_model_on_the_device_has_real_weights_and_rope_tables():
 @pytest.fixture(scope="module")
 def stand_in_draft_dir(default_target, tmp_path_factory):
     """A 1-layer random draft with the target's vocabulary, saved as the shipped draft is (float16)."""
-    from specdec_lab.distill import draft_config, save_draft
-    from specdec_lab.model import Transformer, init_weights
+    from specdec_lab.train.distill import draft_config, save_draft
+    from specdec_lab.core.model import Transformer, init_weights
     out = tmp_path_factory.mktemp("draft")
     return save_draft(init_weights(Transformer(draft_config(default_target.cfg, n_layers=1))), out)
 
 
 @pytest.fixture(scope="module")
 def quick_doc(default_target, hf_target, stand_in_draft_dir):
-    from specdec_lab.weights import load_hf_causal_lm
+    from specdec_lab.io.weights import load_hf_causal_lm
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -316,7 +317,7 @@ def test_self_draft_systems_are_predicted_from_their_own_alpha_and_c(quick_doc):
 
 @pytest.mark.slow
 def test_speedups_by_kind_of_prompt_are_ratios_over_those_prompts(quick_doc):
-    from specdec_lab.prompts import BENCH_KINDS
+    from specdec_lab.train.prompts import BENCH_KINDS
     for r in quick_doc["results"]:
         sy = r["systems"]
         for name, s in sy.items():
@@ -419,7 +420,7 @@ def test_profile_decode_splits_a_token_into_products_and_the_rest():
     assert doc["product_fraction_of_bandwidth"] == pytest.approx(doc["product_bytes_per_s"] / 1e10)
     assert "matrix products" in bench.format_profile(doc)
     assert doc["eager_seconds"] > 0
-    from specdec_lab import kernels
+    from specdec_lab.cpu import build as kernels
     if kernels.available():  # the panel kernel's products are counted as products, not as the rest
         assert doc["fused_seconds"] > 0 and "fused forward" in bench.format_profile(doc)
         assert model_module.FUSED_FORWARD, "profile_decode must restore the switch"
@@ -433,7 +434,7 @@ def test_profile_decode_splits_a_token_into_products_and_the_rest():
 
 
 def test_compare_kernels_times_every_product_kind_through_every_kernel():
-    from specdec_lab import kernels
+    from specdec_lab.cpu import build as kernels
     t = tiny_model(0)
     doc = bench.compare_kernels(t, rows=(1, 3), reps=1)
     kinds = {name.split(" ")[0] for name in doc["products"]}

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from specdec_lab.engine import autoregressive_generate
+from specdec_lab import autoregressive_generate
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT = "Why is the sky blue?"

@@ -3,10 +3,9 @@ import pytest
 import torch
 
 import specdec_lab as sl
-from specdec_lab.distill import (ShardData, distill_main, draft_config, generate_data, grow_draft, held_out_agreement,
-                                 is_held_out, kl_loss, layers_of, load_draft_weights, load_shards, save_draft,
-                                 train_draft)
-from specdec_lab.model import Transformer, init_weights
+from specdec_lab.train.data import ShardData, generate_data, load_shards
+from specdec_lab.train.distill import distill_main, draft_config, grow_draft, held_out_agreement, is_held_out, kl_loss, layers_of, load_draft_weights, save_draft, train_draft
+from specdec_lab.core.model import Transformer, init_weights
 
 
 def _tiny_target():
@@ -106,7 +105,7 @@ def test_saved_draft_loads_in_the_project_decoder_with_the_same_logits(tmp_path)
     out = save_draft(draft, tmp_path / "d", dtype=torch.float32)
     (out / "tokenizer_config.json").write_text("{}")  # a tiny model has no tokenizer; load_model wants one
     from safetensors.torch import load_file
-    from specdec_lab.weights import build_model, config_from_hf, from_hf_state_dict
+    from specdec_lab.io.weights import build_model, config_from_hf, from_hf_state_dict
     import json
     cfg = config_from_hf(json.loads((out / "config.json").read_text()))
     loaded = build_model(cfg, from_hf_state_dict(load_file(str(out / "model.safetensors")), cfg))
@@ -131,7 +130,7 @@ def test_distill_command_tiny_budget_runs_end_to_end(tmp_path):
     assert (out / "model.safetensors").stat().st_size < 30e6
     subset = json.loads((out / "vocab_subset.json").read_text())
     assert 2 in subset["ids"] and 0 < len(subset["ids"]) <= 8193 and 0 < subset["coverage"] <= 1
-    from specdec_lab.assets import ensure_default_target
+    from specdec_lab.io.assets import ensure_default_target
     pair = sl.load_pair(ensure_default_target(), out)
     assert pair.draft.head.weight.shape[1] == len(subset["ids"]), "the folder's subset must reach the loaded draft"
     grown = tmp_path / "grown"  # a second phase that grows the draft by one block
@@ -156,7 +155,7 @@ def test_held_out_may_be_a_predicate_and_splits_like_a_set(tmp_path):
 
 
 def test_task_prompts_are_fixed_distinct_and_share_nothing_with_the_benchmark():
-    from specdec_lab.prompts import BENCH_PROMPTS, distill_prompts, task_prompts
+    from specdec_lab.train.prompts import BENCH_PROMPTS, distill_prompts, task_prompts
     tasks = task_prompts()
     assert tasks == task_prompts(), "the set must be the same on every call: shards are indexed by position"
     assert len(tasks) == len(set(tasks)) > 600
@@ -170,7 +169,7 @@ def test_task_prompts_are_fixed_distinct_and_share_nothing_with_the_benchmark():
 
 
 def test_chat_prompts_are_fixed_distinct_and_new():
-    from specdec_lab.prompts import BENCH_PROMPTS, chat_prompts, distill_prompts, task_prompts
+    from specdec_lab.train.prompts import BENCH_PROMPTS, chat_prompts, distill_prompts, task_prompts
     chats = chat_prompts()
     assert chats == chat_prompts(), "the set must be the same on every call: shards are indexed by position"
     assert len(chats) == len(set(chats)) > 300

@@ -3,11 +3,13 @@ import pytest
 import torch
 
 import specdec_lab as sl
-from specdec_lab import lossless
-from specdec_lab.config import SamplingConfig
-from specdec_lab.drafters import LookupThenModelDrafter, ModelDrafter
-from specdec_lab.engine import SpeculativeEngine, autoregressive_generate
-from specdec_lab.pair import tiny_model
+from specdec_lab.lab import lossless
+from specdec_lab.core.config import SamplingConfig
+from specdec_lab import LookupThenModelDrafter
+from specdec_lab.drafters import ModelDrafter
+from specdec_lab import SpeculativeEngine
+from specdec_lab import autoregressive_generate
+from specdec_lab.io.pair import tiny_model
 
 REPEATING = [5, 6, 7, 8, 9, 10, 5, 6, 7, 8, 9, 10, 5, 6]  # prompt lookup finds matches at once
 
@@ -85,7 +87,7 @@ def test_sampling_with_lookup_and_stop_is_distributed_as_the_target():
 
 @pytest.mark.slow
 def test_default_pair_copies_a_summarised_text_through_lookup(default_target):
-    from specdec_lab.pair import load_default_pair
+    from specdec_lab import load_default_pair
     pair = load_default_pair()
     prompt = ("Summarize this text: The city council voted to build a new park near the river. "
               "The park will have a playground, walking paths and a small lake.")

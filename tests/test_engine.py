@@ -5,8 +5,8 @@ import torch
 from scipy.stats import chisquare
 
 import specdec_lab as sl
-from specdec_lab.sampling import logits_to_probs
-from specdec_lab.verify import verify
+from specdec_lab.core.sampling import logits_to_probs
+from specdec_lab.core.verify import verify
 
 PROMPTS = [[1, 2, 3], [5], [7, 7, 7, 7, 2, 9]]
 

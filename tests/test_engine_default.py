@@ -2,8 +2,8 @@
 import pytest
 
 import specdec_lab as sl
-from specdec_lab.assets import ensure_default_target
-from specdec_lab.pair import load_model_cached
+from specdec_lab.io.assets import ensure_default_target
+from specdec_lab.io.pair import load_model_cached
 
 pytestmark = pytest.mark.slow
 

@@ -3,11 +3,13 @@ import pytest
 import torch
 
 import specdec_lab as sl
-from specdec_lab import drafters, kernels
-from specdec_lab.distill import generate_data, sample_batch
-from specdec_lab.feature_draft import (FeatureDraft, FeatureDrafter, load_feature_draft, load_feature_shards,
-                                       save_feature_draft, train_feature_draft)
-from specdec_lab.config import SamplingConfig
+from specdec_lab import drafters
+from specdec_lab.cpu import build as kernels
+from specdec_lab.train.data import generate_data, sample_batch
+from specdec_lab.drafters.feature import FeatureDraft, FeatureDrafter, save_feature_draft
+from specdec_lab import load_feature_draft
+from specdec_lab.train.feature import load_feature_shards, train_feature_draft
+from specdec_lab.core.config import SamplingConfig
 
 PROMPTS = [[1, 2, 3], [5], [7, 7, 7, 7, 2, 9], [3, 4]]
 

@@ -2,7 +2,7 @@
 import pytest
 
 import specdec_lab as sl
-from specdec_lab.syncs import count_host_syncs
+from specdec_lab.analysis.syncs import count_host_syncs
 
 pytestmark = pytest.mark.gpu
 

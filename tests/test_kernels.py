@@ -6,9 +6,9 @@ import sys
 import pytest
 import torch
 
-from specdec_lab import kernels
-from specdec_lab import model as model_module
-from specdec_lab.model import Linear
+from specdec_lab.cpu import build as kernels
+from specdec_lab.core import model as model_module
+from specdec_lab.core.model import Linear
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="the kernel did not build here (no working C++ compiler)")
 
@@ -95,7 +95,7 @@ def test_linear_takes_the_panel_kernel_at_one_thread_and_follows_weight_changes(
 
 def test_the_default_target_decodes_the_same_tokens_with_and_without_the_kernel(default_target):
     """Greedy tokens through the panel kernel against PyTorch's kernels, on the real model."""
-    from specdec_lab.engine import autoregressive_generate
+    from specdec_lab import autoregressive_generate
     outs = {}
     for panel in (True, False):
         model_module.PANEL_MATMUL = panel
@@ -131,7 +131,7 @@ def test_switched_off_or_without_a_compiler_the_model_still_runs(tmp_path):
 
 
 def test_rms_norm_equals_the_formula_and_the_module_uses_it_for_few_rows():
-    from specdec_lab.model import RMSNorm
+    from specdec_lab.core.model import RMSNorm
     torch.manual_seed(3)
     x, w = torch.randn(2, 3, 576) * 3, torch.randn(576)
     ref = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * w
@@ -152,7 +152,7 @@ def test_rms_norm_equals_the_formula_and_the_module_uses_it_for_few_rows():
 # ----------------------------------------------------------------------------- a forward in one call
 
 def _untied(seed=0, **kw):
-    from specdec_lab.pair import tiny_model
+    from specdec_lab.io.pair import tiny_model
     return tiny_model(seed, tie_embeddings=False, **kw)
 
 
@@ -164,8 +164,9 @@ def _untied(seed=0, **kw):
 @pytest.mark.parametrize("subset", [False, True])
 def test_one_token_decoder_matches_the_eager_forward_and_writes_the_same_cache(shape, subset, monkeypatch):
     monkeypatch.setattr(model_module, "FUSED_FORWARD", False)  # m(...) below: the eager forward
-    from specdec_lab.kv_cache import KVCache
-    from specdec_lab.model import OneTokenDecoder, restrict_vocab
+    from specdec_lab.core.kv_cache import KVCache
+    from specdec_lab.cpu import OneTokenDecoder
+    from specdec_lab.core.model import restrict_vocab
     m = _untied(3, **shape)
     if subset:
         restrict_vocab(m, torch.arange(1, m.cfg.vocab_size, 3))
@@ -189,8 +190,8 @@ def test_one_token_decoder_matches_the_eager_forward_and_writes_the_same_cache(s
 
 def test_one_token_decoder_follows_weight_changes_and_a_full_cache_changes_nothing(monkeypatch):
     monkeypatch.setattr(model_module, "FUSED_FORWARD", False)
-    from specdec_lab.kv_cache import CacheOverflowError, KVCache
-    from specdec_lab.model import OneTokenDecoder
+    from specdec_lab.core.kv_cache import CacheOverflowError, KVCache
+    from specdec_lab.cpu import OneTokenDecoder
     m = _untied(1)
     cache = KVCache.for_model(m.cfg, 3)
     decoder = OneTokenDecoder(m, cache)
@@ -217,10 +218,10 @@ def test_one_token_decoder_from_rows_and_in_half_precision(monkeypatch):
     # embedded(row) is __call__(token) with the row given: bit for bit the same logits and state.
     # weights="float16" reads float16 panels: close to the float32 path, not equal to it. head=False
     # writes the cache and the state, and computes no logits.
-    from specdec_lab import kernels
-    from specdec_lab.kv_cache import KVCache
-    from specdec_lab.model import OneTokenDecoder
-    from specdec_lab.pair import tiny_model
+    from specdec_lab.cpu import build as kernels
+    from specdec_lab.core.kv_cache import KVCache
+    from specdec_lab.cpu import OneTokenDecoder
+    from specdec_lab.io.pair import tiny_model
     m = _untied(2)
     a, b = KVCache.for_model(m.cfg, 8), KVCache.for_model(m.cfg, 8)
     by_token, by_row = OneTokenDecoder(m, a), OneTokenDecoder(m, b, by_token=False)
@@ -254,10 +255,10 @@ def test_one_token_decoder_from_rows_and_in_half_precision(monkeypatch):
 
 
 def test_one_token_decoder_refuses_what_it_does_not_cover():
-    from specdec_lab.kv_cache import KVCache
-    from specdec_lab.model import OneTokenDecoder
+    from specdec_lab.core.kv_cache import KVCache
+    from specdec_lab.cpu import OneTokenDecoder
     from specdec_lab.paged import PagedSequenceCache
-    from specdec_lab.pair import tiny_model
+    from specdec_lab.io.pair import tiny_model
     tied, untied = tiny_model(0), _untied(0)
     half = _untied(0).to(torch.bfloat16)
     cases = [(tied, KVCache.for_model(tied.cfg, 8)),  # tied: the embedding is the head
@@ -274,8 +275,8 @@ def test_one_token_decoder_refuses_what_it_does_not_cover():
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 def test_drafters_propose_the_same_with_and_without_the_one_call_path(temperature, monkeypatch):
     from specdec_lab import drafters
-    from specdec_lab.engine import SpeculativeEngine
-    from specdec_lab.pair import tiny_model
+    from specdec_lab import SpeculativeEngine
+    from specdec_lab.io.pair import tiny_model
     target, draft = tiny_model(0, eos_token_ids=()), _untied(1, n_layers=1, eos_token_ids=())
     prompt = [3, 1, 4, 1, 5, 9, 2, 6, 3, 1, 4]
     runs = {}
@@ -294,9 +295,10 @@ def test_drafters_propose_the_same_with_and_without_the_one_call_path(temperatur
 
 def test_the_one_call_draft_reads_half_precision_where_it_can_and_stays_lossless(monkeypatch):
     from specdec_lab import drafters
-    from specdec_lab.engine import SpeculativeEngine, autoregressive_generate
-    from specdec_lab.kv_cache import KVCache
-    from specdec_lab.pair import tiny_model
+    from specdec_lab import SpeculativeEngine
+    from specdec_lab import autoregressive_generate
+    from specdec_lab.core.kv_cache import KVCache
+    from specdec_lab.io.pair import tiny_model
     target, draft = tiny_model(0, eos_token_ids=()), _untied(1, n_layers=2, eos_token_ids=())
     cache = KVCache.for_model(draft.cfg, 8)
     assert drafters.one_call_weights(draft, cache) == ("float16" if kernels.has_half() else "float32")
@@ -338,8 +340,8 @@ def _forward(m, x, cache, fused, monkeypatch):
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("tied", [True, False])
 def test_fused_forward_matches_the_eager_forward_over_a_few_rows(shape, tied, monkeypatch):
-    from specdec_lab.kv_cache import KVCache
-    from specdec_lab.pair import tiny_model
+    from specdec_lab.core.kv_cache import KVCache
+    from specdec_lab.io.pair import tiny_model
     m = tiny_model(4, tie_embeddings=tied, **shape)
     g = torch.Generator().manual_seed(1)
     eager, fused = KVCache.for_model(m.cfg, 80), KVCache.for_model(m.cfg, 80)
@@ -367,8 +369,8 @@ def test_the_fused_forward_sees_replaced_weights_and_modules(monkeypatch):
     """FusedForward keeps its pointers while the weights stay put; a weight written in place, a
     Parameter replaced, a module replaced and a restricted head must each be seen."""
     from torch import nn
-    from specdec_lab.kv_cache import KVCache
-    from specdec_lab.model import Linear, restrict_vocab
+    from specdec_lab.core.kv_cache import KVCache
+    from specdec_lab.core.model import Linear, restrict_vocab
     m = _untied(6, n_layers=2)
     x = torch.tensor([[3, 1, 4]])
 
@@ -405,8 +407,8 @@ def test_the_fused_forward_sees_replaced_weights_and_modules(monkeypatch):
 def test_a_fused_row_is_bit_for_bit_the_same_whatever_the_row_count(monkeypatch):
     """Greedy speculative decoding equals autoregressive decoding only if a token's logits do not
     depend on how many tokens the forward held: decode holds one, verification K+1."""
-    from specdec_lab.kv_cache import KVCache
-    from specdec_lab.pair import tiny_model
+    from specdec_lab.core.kv_cache import KVCache
+    from specdec_lab.io.pair import tiny_model
     m = tiny_model(5, **SHAPES[1])
     cache = KVCache.for_model(m.cfg, 64)
     m(torch.randint(0, 100, (1, 30), generator=torch.Generator().manual_seed(2)), cache=cache)
@@ -420,10 +422,10 @@ def test_a_fused_row_is_bit_for_bit_the_same_whatever_the_row_count(monkeypatch)
 
 
 def test_the_fused_forward_is_used_only_where_it_applies(monkeypatch):
-    from specdec_lab.kv_cache import KVCache
-    from specdec_lab.masks import verification_mask
+    from specdec_lab.core.kv_cache import KVCache
+    from specdec_lab.core.masks import verification_mask
     from specdec_lab.paged import PagedSequenceCache
-    from specdec_lab.pair import tiny_model
+    from specdec_lab.io.pair import tiny_model
     fused_forward = model_module.fused_forward
     m = tiny_model(0)
     cache = KVCache.for_model(m.cfg, 40)
@@ -456,8 +458,8 @@ def test_the_fused_forward_is_used_only_where_it_applies(monkeypatch):
 
 
 def test_a_failed_fused_forward_changes_nothing():
-    from specdec_lab.kv_cache import CacheOverflowError, KVCache
-    from specdec_lab.pair import tiny_model
+    from specdec_lab.core.kv_cache import CacheOverflowError, KVCache
+    from specdec_lab.io.pair import tiny_model
     m = tiny_model(0)
     cache = KVCache.for_model(m.cfg, 6)
     with torch.no_grad():
@@ -479,7 +481,7 @@ def test_two_threads_can_decode_with_one_model_at_once():
     GIL, so the fused forward's scratch memory must be each thread's own: shared, one thread's
     hidden states and attention scores are written over by the other's mid-call."""
     import threading
-    from specdec_lab.kv_cache import KVCache
+    from specdec_lab.core.kv_cache import KVCache
     m = _untied(7, dim=128, n_layers=4, vocab_size=512)
     prompts = [torch.randint(0, 512, (1, 40), generator=torch.Generator().manual_seed(s)) for s in (1, 2)]
     steps = 60

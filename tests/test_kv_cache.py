@@ -8,8 +8,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specdec_lab.kv_cache import CacheOverflowError, KVCache
-from specdec_lab.pair import tiny_model
+from specdec_lab.core.kv_cache import CacheOverflowError, KVCache
+from specdec_lab.io.pair import tiny_model
 
 L, B, HKV, S, D = 3, 2, 2, 12, 4
 

@@ -5,8 +5,9 @@ import pytest
 import torch
 
 import specdec_lab as sl
-from specdec_lab import lossless, pitfalls
-from specdec_lab.sampling import logits_to_probs
+from specdec_lab.lab import lossless
+from specdec_lab.lab import pitfalls
+from specdec_lab.core.sampling import logits_to_probs
 
 V = 5
 SHAPE = dict(vocab_size=V, dim=16, n_heads=2, n_kv_heads=1, eos_token_ids=(10 ** 6,))  # never stops early

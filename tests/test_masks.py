@@ -1,6 +1,6 @@
 import torch
 
-from specdec_lab.masks import verification_mask, verification_mask_reference
+from specdec_lab.core.masks import verification_mask, verification_mask_reference
 
 
 def test_vectorised_mask_equals_reference_loop_for_many_shapes():

@@ -6,9 +6,10 @@ import urllib.request
 import pytest
 import torch
 
-from specdec_lab.engine import SpeculativeEngine
-from specdec_lab.metrics import LATENCY_BUCKETS, MovingRatio, PrometheusExporter, RunStats, StepRecord, serve_metrics
-from specdec_lab.pair import tiny_model
+from specdec_lab import SpeculativeEngine
+from specdec_lab.lab.metrics import LATENCY_BUCKETS, PrometheusExporter, serve_metrics
+from specdec_lab.core.records import MovingRatio, RunStats, StepRecord
+from specdec_lab.io.pair import tiny_model
 
 prometheus_client = pytest.importorskip("prometheus_client")
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402

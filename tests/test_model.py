@@ -5,8 +5,9 @@ and tiny random Llama / Qwen2 configurations built by transformers itself, which
 cover what SmolLM2 does not: untied embeddings, Llama-3 rope scaling, q/k/v biases.
 Each parity check is run both as one full pass and as a chunked pass through a
 KVCache (prefill, a multi-token chunk, then single tokens), because decode and
-verification take the chunked path. Every test runs twice: with the fused forward that
-takes a few rows through a contiguous cache in one call (model.FUSED_FORWARD), and without it.
+verification take the chunked path. The parity tests run twice: on the plain model, and on
+its fast twin (cpu.accelerated: the CPU kernels, and a few rows through a contiguous cache in one
+call), which must compute the same logits.
 """
 import dataclasses
 
@@ -14,11 +15,12 @@ import pytest
 import torch
 import transformers
 
-from specdec_lab import model as model_module
-from specdec_lab.kv_cache import KVCache
-from specdec_lab.model import Transformer, init_weights
-from specdec_lab.text import encode_prompt
-from specdec_lab.weights import build_model, config_from_hf, from_hf_state_dict
+from specdec_lab.core.kv_cache import KVCache
+from specdec_lab.core.model import Linear, Transformer, apply_rope, init_weights
+from specdec_lab.cpu import accelerated
+from specdec_lab.cpu.linear import FastLinear
+from specdec_lab.core.text import encode_prompt
+from specdec_lab.io.weights import build_model, config_from_hf, from_hf_state_dict
 
 # Logits of the default target reach about 30 in magnitude; two float32 GEMMs that sum in a
 # different order (MKL's, oneDNN's packed one, transformers') differ by ~1e-4 there. A
@@ -28,10 +30,10 @@ LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "hi
                "original_max_position_embeddings": 64}
 
 
-@pytest.fixture(autouse=True, params=[True, False], ids=["fused", "eager"])
-def forward_path(request, monkeypatch):
-    monkeypatch.setattr(model_module, "FUSED_FORWARD", request.param)
-    return request.param
+@pytest.fixture(params=["fast", "plain"])
+def prepared(request):
+    """The model as built (plain), or its fast twin sharing the weights (cpu.accelerated)."""
+    return accelerated if request.param == "fast" else (lambda model: model)
 
 
 TEXT = ("Speculative decoding lets a small draft model propose several tokens, and the large target "
@@ -122,7 +124,8 @@ def test_default_target_has_smollm2_135m_shape(default_target):
 
 
 @pytest.mark.slow
-def test_default_target_full_pass_logits_equal_transformers(default_target, prompt64, hf_logits64):
+def test_default_target_full_pass_logits_equal_transformers(default_target, prepared, prompt64, hf_logits64):
+    default_target = prepared(default_target)
     with torch.no_grad():
         ours = default_target(prompt64)
     assert ours.shape == hf_logits64.shape == (1, 64, 49152)
@@ -132,7 +135,8 @@ def test_default_target_full_pass_logits_equal_transformers(default_target, prom
 
 
 @pytest.mark.slow
-def test_default_target_chunked_cache_pass_equals_transformers_full_pass(default_target, prompt64, hf_logits64):
+def test_default_target_chunked_cache_pass_equals_transformers_full_pass(default_target, prepared, prompt64, hf_logits64):
+    default_target = prepared(default_target)
     with torch.no_grad():
         ours = chunked_logits(default_target, prompt64, [40, 10] + [1] * 14)
     d = max_diff(ours, hf_logits64)
@@ -141,7 +145,8 @@ def test_default_target_chunked_cache_pass_equals_transformers_full_pass(default
 
 
 @pytest.mark.slow
-def test_default_target_last_only_is_the_last_row_of_the_full_pass(default_target, prompt64, hf_logits64):
+def test_default_target_last_only_is_the_last_row_of_the_full_pass(default_target, prepared, prompt64, hf_logits64):
+    default_target = prepared(default_target)
     with torch.no_grad():
         last = default_target(prompt64, last_only=True)
     assert last.shape == (1, 1, 49152)
@@ -151,9 +156,9 @@ def test_default_target_last_only_is_the_last_row_of_the_full_pass(default_targe
 # ---------------------------------------------------------------- tiny transformers-built configs
 
 @pytest.mark.parametrize("kind", ["tied", "untied", "llama3-rope", "head-dim-32", "qwen2"])
-def test_tiny_random_model_logits_equal_transformers_full_and_chunked(kind):
+def test_tiny_random_model_logits_equal_transformers_full_and_chunked(kind, prepared):
     hf = tiny_hf(kind)
-    model = convert(hf)
+    model = prepared(convert(hf))
     ids = token_ids(200, 97)  # 200 > 64: beyond llama3's original_max_position_embeddings
     with torch.no_grad():
         ref = hf(ids).logits
@@ -200,8 +205,8 @@ def test_qwen2_qkv_bias_matters_so_the_parity_check_can_see_it():
 
 # ---------------------------------------------------------------- the decoder on its own
 
-def test_batched_forward_equals_one_row_at_a_time(tiny_pair):
-    model = tiny_pair.target
+def test_batched_forward_equals_one_row_at_a_time(tiny_pair, prepared):
+    model = prepared(tiny_pair.target)
     ids = token_ids(24, model.cfg.vocab_size).view(2, 12)
     with torch.no_grad():
         both = model(ids)
@@ -211,8 +216,8 @@ def test_batched_forward_equals_one_row_at_a_time(tiny_pair):
     assert max_diff(both, rows) <= 1e-4, "one batch row leaks into another"
 
 
-def test_explicit_input_pos_equals_the_cache_default(tiny_pair):
-    model = tiny_pair.target
+def test_explicit_input_pos_equals_the_cache_default(tiny_pair, prepared):
+    model = prepared(tiny_pair.target)
     ids = token_ids(9, model.cfg.vocab_size)
     with torch.no_grad():
         c1, c2 = KVCache.for_model(model.cfg, 16), KVCache.for_model(model.cfg, 16)
@@ -223,9 +228,9 @@ def test_explicit_input_pos_equals_the_cache_default(tiny_pair):
     assert max_diff(a, b) == 0.0, "input_pos defaults to something other than [cache.length, cache.length + T)"
 
 
-def test_uncached_causal_pass_equals_cached_masked_pass(tiny_pair):
+def test_uncached_causal_pass_equals_cached_masked_pass(tiny_pair, prepared):
     """Training takes the fused causal kernel, decode the explicit-mask path: they must agree."""
-    model = tiny_pair.target
+    model = prepared(tiny_pair.target)
     ids = token_ids(30, model.cfg.vocab_size)
     with torch.no_grad():
         plain = model(ids)
@@ -233,8 +238,8 @@ def test_uncached_causal_pass_equals_cached_masked_pass(tiny_pair):
     assert max_diff(plain, cached) <= 1e-4, "the training path and the cached path compute different attention"
 
 
-def test_later_tokens_do_not_change_earlier_logits(tiny_pair):
-    model = tiny_pair.target
+def test_later_tokens_do_not_change_earlier_logits(tiny_pair, prepared):
+    model = prepared(tiny_pair.target)
     ids = token_ids(20, model.cfg.vocab_size)
     other = ids.clone()
     other[0, 10:] = (other[0, 10:] + 1) % model.cfg.vocab_size
@@ -256,63 +261,50 @@ def test_decoder_on_cuda_matches_cpu():
 
 
 def _tiny_cfg():
-    from specdec_lab.config import ModelConfig
+    from specdec_lab.core.config import ModelConfig
     return ModelConfig(vocab_size=97, dim=96, n_layers=2, n_heads=6, n_kv_heads=2, head_dim=16,
                        intermediate_size=192, max_seq_len=256)
 
 
-def test_linear_packed_product_equals_the_plain_one_and_follows_weight_changes():
-    from specdec_lab import model as model_module
-    from specdec_lab.model import Linear
+def test_fast_linear_packed_product_equals_the_plain_one_and_follows_weight_changes():
     torch.manual_seed(0)
     lin = Linear(64, 96)
     torch.nn.init.normal_(lin.weight)
-    x = torch.randn(2, 5, 64)  # several rows: the packed kernel, once the panel kernel is off
-    model_module.PANEL_MATMUL = False
+    fast = FastLinear(lin)
+    assert fast.weight is lin.weight, "the fast twin must share the weight, not copy it"
+    x = torch.randn(3, 10, 64)  # 30 rows: more than the panel kernel takes, so oneDNN's packed product
     with torch.no_grad():
-        assert torch.allclose(lin(x), x @ lin.weight, atol=1e-5)
-        first = lin._packed
+        assert torch.allclose(fast(x), x @ lin.weight, atol=1e-5)
+        first = fast._packed
         assert first is not None, "a multi-row product must go through the packed copy"
         lin.weight.mul_(-1)  # an in-place change (an optimizer step, load_state_dict) must be seen
-        assert torch.allclose(lin(x), x @ lin.weight, atol=1e-5), "a stale packed copy was used"
-        assert lin._packed is not first
-        model_module.PACKED_MATMUL = False
-        try:
-            assert torch.equal(lin(x), x @ lin.weight), "with the switch off the plain product runs"
-        finally:
-            model_module.PACKED_MATMUL = True
-            model_module.PANEL_MATMUL = True
-    y = lin(x).sum()  # grad enabled and W trainable: the plain product, which has a backward
+        assert torch.allclose(fast(x), x @ lin.weight, atol=1e-5), "a stale packed copy was used"
+        assert fast._packed is not first
+        assert torch.equal(FastLinear(lin, packed=False)(x), x @ lin.weight), "packed=False runs the plain product"
+    y = fast(x).sum()  # grad enabled and W trainable: the plain product, which has a backward
     y.backward()
-    assert lin.weight.grad is not None and torch.allclose(lin.weight.grad, x.reshape(-1, 64).sum(0)[:, None].expand(64, 96))
+    assert lin.weight.grad is not None and torch.allclose(lin.weight.grad, x.reshape(-1, 64).sum(0)[:, None].expand(64, 96), atol=1e-4)
 
 
-def test_three_op_rope_equals_the_rotate_half_formula():
-    from specdec_lab.model import apply_rope, apply_rope_signed
+def test_rope_is_the_rotate_half_formula():
     torch.manual_seed(0)
     x = torch.randn(2, 3, 5, 8)  # (B, T, heads, D)
     angles = torch.randn(3, 4)
     cos, sin = torch.cat([angles, angles], -1).cos(), torch.cat([angles, angles], -1).sin()  # (T, D)
-    want = apply_rope(x, cos[:, None], sin[:, None])
+    got = apply_rope(x, cos[:, None], sin[:, None])
     x1, x2 = x[..., :4], x[..., 4:]
     c, s = angles.cos()[:, None], angles.sin()[:, None]
-    assert torch.allclose(want, torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], -1), atol=1e-6)
-    sin_signed = torch.cat([-sin[:, :4], sin[:, 4:]], -1)
-    assert torch.allclose(apply_rope_signed(x, cos[:, None], sin_signed[:, None]), want, atol=1e-6)
-    assert not torch.allclose(apply_rope_signed(x, cos[:, None], sin[:, None]), want, atol=1e-3), \
-        "the sign of the first half must matter"
+    assert torch.allclose(got, torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], -1), atol=1e-6)
 
 
 @pytest.mark.parametrize("rows", [1, 3])
 def test_bfloat16_linear_runs_whether_or_not_onednn_packs_bfloat16_here(rows):
-    # On a processor without bfloat16 instructions oneDNN's reorder raises; Linear must then fall
-    # back to PyTorch's product instead of failing (model.CAN_PACK_BF16 says which path this is).
-    from specdec_lab import model as model_module
-    lin = model_module.Linear(64, 96).to(torch.bfloat16)
+    # On a processor without bfloat16 instructions oneDNN's reorder raises; the fast Linear must then
+    # fall back to PyTorch's product instead of failing (cpu.linear.CAN_PACK_BF16 says which path this is).
+    lin = Linear(64, 96).to(torch.bfloat16)
     torch.nn.init.normal_(lin.weight, std=0.1)
     x = torch.randn(rows, 64, dtype=torch.bfloat16)
     with torch.inference_mode():
-        y = lin(x)
+        y = FastLinear(lin)(x)
     assert y.dtype == torch.bfloat16 and y.shape == (rows, 96)
     torch.testing.assert_close(y.float(), x.float() @ lin.weight.detach().float(), atol=0.05, rtol=0.02)
-    assert model_module._can_pack(lin.weight) == model_module.CAN_PACK_BF16

@@ -3,10 +3,11 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from specdec_lab.config import SamplingConfig
+from specdec_lab.core.config import SamplingConfig
 from specdec_lab.drafters import NGramDrafter, ngram_lookup_reference
-from specdec_lab.engine import SpeculativeEngine, autoregressive_generate
-from specdec_lab.pair import tiny_model
+from specdec_lab import SpeculativeEngine
+from specdec_lab import autoregressive_generate
+from specdec_lab.io.pair import tiny_model
 
 GREEDY = SamplingConfig(0.0)
 

@@ -102,7 +102,7 @@ def test_ci_script_runs_make_test():
 
 def test_the_kernel_source_ships_with_the_package():
     from fnmatch import fnmatch
-    from specdec_lab.kernels import SOURCE
+    from specdec_lab.cpu.build import SOURCE
     patterns = pyproject()["tool"]["setuptools"]["package-data"]["specdec_lab"]
     rel = SOURCE.relative_to(ROOT / "specdec_lab").as_posix()
     assert SOURCE.exists() and any(fnmatch(rel, p) for p in patterns), f"{rel} would be left out of a wheel"

@@ -6,11 +6,11 @@ import torch
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from specdec_lab.config import ModelConfig
-from specdec_lab.kv_cache import CacheOverflowError, KVCache
-from specdec_lab.model import Transformer, init_weights
-from specdec_lab.paged import (BlockAllocator, PagedKVCache, PagedSequenceCache, PoolExhaustedError,
-                               blocks_for, simulate_fragmentation)
+from specdec_lab.core.config import ModelConfig
+from specdec_lab.core.kv_cache import CacheOverflowError, KVCache
+from specdec_lab.core.model import Transformer, init_weights
+from specdec_lab.paged import BlockAllocator, PagedKVCache, PagedSequenceCache, PoolExhaustedError, blocks_for
+from specdec_lab.lab.fragmentation import simulate_fragmentation
 
 L, N, HKV, P, D = 2, 6, 2, 3, 2  # a pool of 18 token slots per layer: small enough to run out
 
@@ -282,7 +282,7 @@ def test_fragmentation_result_is_deterministic_for_a_seed_and_fast(fragmentation
 
 
 def test_fragmentation_figure_is_a_pure_function_of_the_result(fragmentation):
-    from specdec_lab.viz import fragmentation_figure
+    from specdec_lab.lab.viz import fragmentation_figure
     result, _ = fragmentation
     fig = fragmentation_figure(result)
     assert {t.name.split(":")[0] for t in fig.data} == {"contiguous", "paged"}

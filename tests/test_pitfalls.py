@@ -2,10 +2,10 @@
 import torch
 
 import specdec_lab as sl
-from specdec_lab import pitfalls
-from specdec_lab.config import SamplingConfig
-from specdec_lab.kv_cache import KVCache
-from specdec_lab.verify import verify
+from specdec_lab.lab import pitfalls
+from specdec_lab.core.config import SamplingConfig
+from specdec_lab.core.kv_cache import KVCache
+from specdec_lab.core.verify import verify
 
 PROMPT = [1, 2, 3]
 

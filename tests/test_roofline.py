@@ -3,9 +3,9 @@ import math
 
 import pytest
 
-from specdec_lab import roofline as rf
-from specdec_lab.config import ModelConfig
-from specdec_lab.pair import tiny_model
+from specdec_lab.analysis import roofline as rf
+from specdec_lab.core.config import ModelConfig
+from specdec_lab.io.pair import tiny_model
 
 
 # --------------------------------------------------------------------------- the speedup formula

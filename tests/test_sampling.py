@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from specdec_lab.sampling import check_sampling_args, exponential_noise, logits_to_probs, make_generator, sample
+from specdec_lab.core.sampling import check_sampling_args, exponential_noise, logits_to_probs, make_generator, sample
 
 
 def test_temperature_zero_is_one_hot_at_argmax_without_nan():

@@ -4,11 +4,12 @@ import pytest
 import torch
 
 import specdec_lab as sl
-from specdec_lab import kernels
-from specdec_lab.config import SamplingConfig
-from specdec_lab.kv_cache import KVCache
-from specdec_lab.model import OneTokenDecoder, Transformer
-from specdec_lab.self_draft import QuantizedDecoding, SelfDraft, SelfDrafter, best_weights
+from specdec_lab.cpu import build as kernels
+from specdec_lab.core.config import SamplingConfig
+from specdec_lab.core.kv_cache import KVCache
+from specdec_lab.cpu import OneTokenDecoder
+from specdec_lab.core.model import Transformer
+from specdec_lab.cpu import QuantizedDecoding, SelfDraft, SelfDrafter, best_weights
 
 pytestmark = pytest.mark.skipif(not kernels.has_int8(),
                                 reason="the kernel library was built without AVX2 (kernels.has_int8() is False)")
@@ -166,7 +167,7 @@ def test_greedy_with_a_self_draft_equals_autoregressive(target, weights, k):
 
 
 def test_a_self_draft_behind_prompt_lookup_copies_where_the_context_repeats(target):
-    from specdec_lab.drafters import LookupThenModelDrafter
+    from specdec_lab import LookupThenModelDrafter
     engine = sl.SpeculativeEngine(target, SelfDraft(target, lookup=True), k=4)
     drafter = engine.drafter
     assert isinstance(drafter, LookupThenModelDrafter) and isinstance(drafter.model, SelfDrafter)

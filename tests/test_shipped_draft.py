@@ -3,10 +3,10 @@ import pytest
 import torch
 
 import specdec_lab as sl
-from specdec_lab.acceptance import measure_alpha
-from specdec_lab.model import VocabSubsetHead
-from specdec_lab.pair import default_draft_dir, vocab_subset
-from specdec_lab.prompts import distill_prompts, split_prompts
+from specdec_lab.train.acceptance import measure_alpha
+from specdec_lab.core.model import VocabSubsetHead
+from specdec_lab.io.pair import default_draft_dir, vocab_subset
+from specdec_lab.train.prompts import distill_prompts, split_prompts
 
 pytestmark = pytest.mark.slow
 

@@ -2,8 +2,8 @@
 import torch
 
 import specdec_lab as sl
-from specdec_lab.syncs import count_host_syncs, is_sync_free
-from specdec_lab.verify import verify, verify_reference
+from specdec_lab.analysis.syncs import count_host_syncs, is_sync_free
+from specdec_lab.core.verify import verify, verify_reference
 
 
 def _case(K=4, V=50, seed=0):

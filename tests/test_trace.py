@@ -4,9 +4,8 @@ from string import Formatter
 import pytest
 
 import specdec_lab as sl
-from specdec_lab.distill import CARD
-from specdec_lab.trace import (card_curve, check_fed_forward, format_trace, record_forward_inputs, show_piece,
-                               step_kind, trace_rows)
+from specdec_lab.train.distill import CARD
+from specdec_lab.lab.trace import card_curve, check_fed_forward, format_trace, record_forward_inputs, show_piece, step_kind, trace_rows
 
 
 def _run(target, draft, k=3, n=20, temperature=0.0):

@@ -1,6 +1,6 @@
 import torch
 
-from specdec_lab.verify import verify, verify_reference
+from specdec_lab.core.verify import verify, verify_reference
 
 
 def _case(K, V, seed, zero_q_at=None, equal_at=None):

@@ -2,8 +2,8 @@
 import plotly.graph_objects as go
 import pytest
 
-from specdec_lab import viz
-from specdec_lab.masks import verification_mask
+from specdec_lab.lab import viz
+from specdec_lab.core.masks import verification_mask
 
 
 def _pure(make):
@@ -43,7 +43,7 @@ def test_distribution_figure_has_bars_and_exact_markers_per_sampler():
 
 
 def test_speedup_heatmap_holds_theorem_3_8_and_the_best_k():
-    from specdec_lab.roofline import best_k, expected_speedup
+    from specdec_lab.analysis.roofline import best_k, expected_speedup
     alphas, ks = [0.2, 0.5, 0.8], [1, 2, 3, 4]
     fig = _pure(lambda: viz.speedup_heatmap(alphas, ks, 0.1))
     heat, contour, best = fig.data
@@ -81,7 +81,7 @@ def test_verify_cost_figure_has_time_and_sync_panels():
 
 
 def test_fragmentation_figure_draws_both_designs():
-    from specdec_lab.paged import simulate_fragmentation
+    from specdec_lab.lab.fragmentation import simulate_fragmentation
     result = simulate_fragmentation(num_requests=12, memory_tokens=4096, seed=0)
     fig = _pure(lambda: viz.fragmentation_figure(result))
     assert {t.name.split(":")[0] for t in fig.data} == {"contiguous", "paged"}
@@ -101,7 +101,7 @@ def test_speedup_heatmap_puts_white_at_break_even():
 
 def _trace_rows():
     import specdec_lab as sl
-    from specdec_lab.trace import trace_rows
+    from specdec_lab.lab.trace import trace_rows
     target, draft = sl.tiny_model(0), sl.tiny_model(1, n_layers=1)
     res = sl.SpeculativeEngine(target, draft, k=3).generate([1, 2, 3], max_new_tokens=12)
     return trace_rows(res.steps, None, res.prompt_ids)

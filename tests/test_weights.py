@@ -11,10 +11,9 @@ import torch
 import transformers
 from safetensors.torch import save_file
 
-from specdec_lab.config import ModelConfig
-from specdec_lab.model import Transformer, init_weights
-from specdec_lab.weights import (build_model, config_from_hf, config_to_hf, from_hf_state_dict, load_hf_model,
-                                 to_hf_state_dict)
+from specdec_lab.core.config import ModelConfig
+from specdec_lab.core.model import Transformer, init_weights
+from specdec_lab.io.weights import build_model, config_from_hf, config_to_hf, from_hf_state_dict, load_hf_model, to_hf_state_dict
 
 LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 64}

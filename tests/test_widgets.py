@@ -9,7 +9,7 @@ import re
 import pytest
 
 import specdec_lab as sl
-from specdec_lab.widgets import DemoPanel, token_fates, token_span
+from specdec_lab.lab.widgets import DemoPanel, token_fates, token_span
 
 pytestmark = pytest.mark.slow
 

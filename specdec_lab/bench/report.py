@@ -52,7 +52,7 @@ def format_table(doc) -> str:
                  f"at {rf['ar_decode_tokens_per_second']:.1f} tokens/s = {rf['achieved_bytes_per_s'] / 1e9:.1f} GB/s, "
                  f"{100 * rf['fraction_of_bandwidth']:.0f}% of it "
                  f"(ceiling {rf['ceiling_tokens_per_second']:.0f} tokens/s)"]
-    rows.append("targets (DESIGN.md section 8; the best speculative system per temperature):")
+    rows.append("targets (docs/design.md; the best speculative system per temperature):")
     for n, v in doc["targets"].items():
         if isinstance(v, dict):
             rel = "<=" if "prediction_error" in n else ">="

@@ -279,7 +279,7 @@ def roofline_report(target, ar: Tally, prompt_ids, bandwidth: float, source: str
 
 
 def _targets(results, roofline) -> dict:
-    """DESIGN.md section 8's figures, each with its target and whether this run met it."""
+    """The project's speed targets (docs/design.md), each with its target and whether this run met it."""
     out = {}
 
     def put(name, value, target, at_least=True, ci95=None):

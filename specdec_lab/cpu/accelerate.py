@@ -8,17 +8,19 @@ did not build, or the model is not float32 on the CPU, only what applies is done
 outputs are the eager model's to rounding either way. `eager(model)` undoes it for the
 length of a `with` block, to compare the two side by side.
 
-    model = accelerate(model)                      # load_pair does this on the CPU
+    model = accelerate(model)                      # in place
     draft = accelerate(draft, weights="float16")   # a draft's one-call forward reads half precision
+    fast = accelerated(model)                      # a fast twin sharing the weights; model stays plain
     with eager(model):
         ...                                        # the plain PyTorch forward
 """
+import copy
+import itertools
 from contextlib import contextmanager
 
 import torch
 
 from ..core.model import Linear, RMSNorm
-from . import build as kernels
 from .fused import FusedForward, FusedRows
 from .linear import FastLinear, FastRMSNorm
 
@@ -53,6 +55,16 @@ def accelerate(model, weights="float32", fused=True, packed=True):
         weights = "float32"
     model.fast_rows = FusedRows(model, weights) if fused and FusedForward.supports(model, weights) else None
     return model
+
+
+def accelerated(model, weights="float32", fused=True, packed=True):
+    """A second model that shares `model`'s weights (no copy), made fast; `model` stays as it is.
+    load_pair gives out these, so that one process can hold a plain and a fast forward of one model."""
+    _check(model, weights, fused, packed)
+    shared = {id(t): t for t in itertools.chain(model.parameters(), model.buffers())}
+    tokenizer = getattr(model, "tokenizer", None)
+    shared[id(tokenizer)] = tokenizer
+    return accelerate(copy.deepcopy(model, shared), weights, fused, packed)
 
 
 def is_accelerated(model) -> bool:
@@ -90,8 +102,3 @@ def eager(model):
         if swapped or rows is not None:
             accelerate(model, weights=rows.weights if rows is not None else "float32",
                        fused=rows is not None, packed=packed)
-
-
-def available() -> bool:
-    """Whether the kernel library built here (False: accelerate only prepacks, where torch can)."""
-    return kernels.available()

@@ -18,7 +18,7 @@ from .linear import panel_weight
 
 class FusedForward:
     """A model's forward over a few rows (decode's one token, verification's K+1) as one call
-    into the kernel library (kernels.py, `forward_rows`), writing their keys and values into a
+    into the kernel library (build.py, `forward_rows`), writing their keys and values into a
     contiguous batch-1 KVCache at its length and advancing it.
 
     The eager forward of the default target is some 450 operator calls a token; this runs the
@@ -209,7 +209,7 @@ class OneTokenDecoder:
 
     def embedded(self, row: torch.Tensor, head: bool = True):
         """The same forward from an input row (dim,) float32 in place of a token's embedding
-        (feature_draft.py builds its own). head=False skips the output head and returns None:
+        (a feature draft builds its own). head=False skips the output head and returns None:
         a row whose logits nobody reads costs only the layers."""
         dim = self.model.cfg.dim
         if row.shape != (dim,) or row.dtype != torch.float32 or not row.is_contiguous():

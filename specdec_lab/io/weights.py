@@ -186,7 +186,7 @@ def convert_gguf(gguf_path, out_dir):
 
 
 # ----------------------------------------------------------------------------- transformers as a baseline
-# The benchmarks (bench.py) time transformers' own generate and assisted generation
+# The benchmarks (bench/) time transformers' own generate and assisted generation
 # against this project's engine; these two functions keep that import here.
 
 def load_hf_causal_lm(source, device="cpu", dtype=torch.float32):

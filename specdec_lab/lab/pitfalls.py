@@ -4,7 +4,7 @@ The chapters plug these into the engine (which accepts a drafter object, a
 `verifier=` function and a target model) to show what each bug does, next to
 the correct version. Nothing else in the library imports this module.
 
-Verification (chapter 02), measured with lossless.py's chi-square test:
+Verification (chapter 02), measured with lab/lossless.py's chi-square test:
 - `verify_resample_from_p`: at a rejection, draws the next token from p instead
   of the residual norm(max(0, p - q)). Tokens the draft over-proposes come out
   too often: p(x) is paid twice, once through acceptance and once through p.

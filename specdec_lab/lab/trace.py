@@ -135,7 +135,7 @@ def check_fed_forward(rows) -> list[str]:
 def card_curve(card: str) -> list[tuple[int, float]]:
     """The held-out alpha curve a draft's model card lists, as (training tokens, alpha) pairs.
 
-    distill.py's card writes a line with the word 'Curve', then pairs 'tokens: alpha, ...' on the
+    train/distill.py's card writes a line with the word 'Curve', then pairs 'tokens: alpha, ...' on the
     same line or the next; the pairs are read up to the next blank line. A card without one gives []."""
     m = re.search(r"\bCurve\b", card)
     if not m:

@@ -1,13 +1,13 @@
 """Adaptive K: choosing the draft length step by step from what verification showed.
 
-A controller has the interface the engine calls (engine.py, `engine.controller = ...`):
+A controller has the interface the engine calls (core/engine.py, `engine.controller = ...`):
   next_k() -> int           before each step: the K to draft (the engine clamps it
                             to the remaining budget, and a drafter may propose fewer)
   update(record)            after each step, with that step's StepRecord
 Both controllers keep `history`, the K each next_k() returned; the K actually
 drafted is in each StepRecord.k.
 
-ThresholdController is the seed article's rule: watch a moving average of the
+ThresholdController is the rule of the Rust article "Speculative Decoding in Custom LLM Servicing: Implementing Draft Models in Rust": watch a moving average of the
 per-step acceptance num_accepted / k; below `low` drop K to k_min, above `high`
 raise it back to k_max. Note that num_accepted / k is not alpha: for a fixed
 alpha it grows as K shrinks, E[n / K] = (alpha - alpha^(K+1)) / (K (1 - alpha)),
@@ -47,7 +47,7 @@ class _Controller:
 
 
 class ThresholdController(_Controller):
-    """The seed article's rule: K = k_max while acceptance is high, k_min when it falls.
+    """The Rust article's rule: K = k_max while acceptance is high, k_min when it falls.
 
     acceptance: a moving average of num_accepted / k per step (MovingRatio, weight
     `decay` on the past). The first `warmup` drafting steps run at k_start; from

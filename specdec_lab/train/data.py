@@ -31,7 +31,7 @@ def sample_batch(model, prompts: list[list[int]], max_new_tokens: int, temperatu
                  generator: torch.Generator, top_k_store: int = 64, keep_hidden: bool = False):
     """Answer a batch of prompts; returns per prompt (answer ids, top-k ids, top-k log-probs), and
     with keep_hidden a fourth item: the target's final hidden states (prompt + answer - 1, dim) in
-    float16, at every position it read (feature_draft.py trains on them)."""
+    float16, at every position it read (train/feature.py trains on them)."""
     B, n = len(prompts), max(len(p) for p in prompts)
     eos = torch.tensor(model.cfg.eos_token_ids)
     pad = torch.tensor([n - len(p) for p in prompts])

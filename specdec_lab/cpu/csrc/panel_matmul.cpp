@@ -30,7 +30,7 @@
  * torch's operators never compete with two sets of threads; torch.set_num_threads rules
  * both. Built without ATen (SPECDEC_LAB_SERIAL), it runs on the calling thread.
  *
- * Built at first use by specdec_lab/kernels.py with the C++ compiler at hand:
+ * Built at first use by specdec_lab/cpu/build.py with the C++ compiler at hand:
  *     c++ -O3 -march=native -ffp-contract=fast -fopenmp -shared -fPIC, against torch's headers
  */
 #ifndef SPECDEC_LAB_SERIAL
@@ -40,7 +40,7 @@
 #include <immintrin.h>
 #endif
 
-#define PW 32        /* panel width, in floats: N must be a multiple (kernels.py pads) */
+#define PW 32        /* panel width, in floats: N must be a multiple (build.py pads) */
 #define RB 8         /* rows held in registers per pass over a panel */
 #define PREFETCH 2048 /* floats ahead (8 KiB) that each step asks the memory system for */
 
@@ -537,7 +537,7 @@ extern "C" void forward_rows(DECODE_ARGS(float)) { forward<float>(DECODE_PASS); 
 
 #ifdef __F16C__
 /* forward_rows_half: the same forward over half-precision panels (same layout, 2 bytes a weight),
- * widened to float in registers (F16C) and multiplied in float32. A feature draft (feature_draft.py)
+ * widened to float in registers (F16C) and multiplied in float32. A feature draft (drafters/feature.py)
  * is one layer of the target's width and a head over 8192 tokens, 36 MB in float32, which each
  * drafted token streams from memory again: in half precision it reads 18 MB. A drafted token took
  * 1.5-3.0 ms this way against 5.6-6.4 ms for the eager float32 forward (one thread, three rounds on
@@ -559,7 +559,7 @@ extern "C" void feature_input_half(const float *embedding, const float *state, c
 #ifdef __AVX2__
 /* forward_rows_int8: the same forward over int8 panels with a float scale per output column (the
  * layout above): a quarter of float32's bytes. model.OneTokenDecoder(weights="int8") drives it;
- * self_draft.py runs the target itself this way as its own draft. Built only where the compiler
+ * cpu/self_draft.py runs the target itself this way as its own draft. Built only where the compiler
  * targets AVX2 (kernels.has_int8()). */
 extern "C" void forward_rows_int8(DECODE_ARGS(signed char)) { forward<signed char>(DECODE_PASS); }
 #endif
