@@ -42,9 +42,16 @@ def cache_factory(kind, block_size=16):
 
 
 def _model_drafter(draft, capacity, factory=KVCache.for_model, stop_below=None):
+    """The drafter behind prompt lookup: for a draft model, or a drafter built already."""
     if isinstance(draft, FeatureDraft):
         return FeatureDrafter(draft, capacity, factory, stop_below=stop_below)
-    return ModelDrafter(draft, capacity, factory, stop_below=stop_below)
+    if isinstance(draft, Transformer):
+        return ModelDrafter(draft, capacity, factory, stop_below=stop_below)
+    if callable(getattr(draft, "propose", None)):
+        if stop_below is not None:
+            raise ValueError("stop_below applies to a draft model, not to a drafter built already")
+        return draft
+    raise TypeError(f"draft must be a Transformer, a FeatureDraft or a drafter, got {type(draft).__name__}")
 
 
 def make_drafter(target, draft, capacity, factory=KVCache.for_model, target_cache=None):

@@ -11,11 +11,14 @@ import torch
 
 from specdec_lab import bench
 from specdec_lab.cpu import build as kernels
-from specdec_lab.core import model as model_module
+from specdec_lab.cpu import accelerated
+from specdec_lab.cpu.linear import HAVE_PACKING
 from specdec_lab.core.config import ModelConfig
 from specdec_lab.drafters.feature import FeatureDraft
 from specdec_lab.io.pair import tiny_model
-from specdec_lab.analysis.roofline import expected_speedup
+from specdec_lab.io.weights import load_draft
+from specdec_lab.train.acceptance import measure_step_costs
+from specdec_lab.analysis.roofline import bytes_per_token, expected_speedup
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -25,36 +28,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_bytes_per_token_counts_every_weight_once_and_the_kv_cache_read():
     cfg = ModelConfig()  # SmolLM2-135M: tied embeddings, 30 layers, 3 KV heads of 64
-    assert bench.streamed_weight_bytes(cfg, 4) == cfg.num_params * 4, "a tied embedding is the head: read whole"
+    assert bytes_per_token(cfg, 0, 4) == cfg.num_params * 4, "a tied embedding is the head: read whole"
     untied = ModelConfig(tie_embeddings=False)
-    assert bench.streamed_weight_bytes(untied, 2) == (untied.num_params - 49152 * 576) * 2, \
+    assert bytes_per_token(untied, 0, 2) == (untied.num_params - 49152 * 576) * 2, \
         "an untied input embedding is only gathered, one row per token, and must not be counted as streamed"
-    assert bench.kv_bytes_read(cfg, 100, 4) == 2 * 30 * 3 * 64 * 100 * 4
-    assert bench.decode_bytes_per_token(cfg, 100, 4) == cfg.num_params * 4 + 2 * 30 * 3 * 64 * 100 * 4
-
-
-def test_bytes_per_token_agrees_with_the_roofline_module_when_it_has_one():
-    from specdec_lab.analysis import roofline
-    if not hasattr(roofline, "bytes_per_token"):
-        pytest.skip("roofline.bytes_per_token not present")
-    for cfg in (ModelConfig(), ModelConfig(tie_embeddings=False)):
-        assert bench.decode_bytes_per_token(cfg, 128, 2) == pytest.approx(
-            roofline.bytes_per_token(cfg, 128, 2)), "two definitions of bytes per token disagree"
-
-
-def test_roofline_fraction_is_bytes_per_token_times_rate_over_bandwidth():
-    assert bench.roofline_fraction(5e8, 40.0, 4e10) == pytest.approx(0.5)
-    with pytest.raises(ValueError, match="bandwidth"):
-        bench.roofline_fraction(5e8, 40.0, 0.0)
-
-
-def test_prediction_is_theorem_3_8_and_a_verify_cost_enters_the_denominator():
-    for alpha, k, c in [(0.0, 1, 0.1), (0.6, 4, 0.05), (0.8, 8, 0.2), (1.0, 3, 0.1)]:
-        theorem = (1 - alpha ** (k + 1)) / ((1 - alpha) * (k * c + 1)) if alpha < 1 else (k + 1) / (k * c + 1)
-        assert bench.predicted_speedup(alpha, k, c) == pytest.approx(theorem)
-        assert bench.predicted_speedup(alpha, k, c) == pytest.approx(expected_speedup(alpha, k, c))
-    assert bench.predicted_speedup(0.6, 4, 0.05, verify_cost=2.0) == pytest.approx(
-        (1 - 0.6 ** 5) / 0.4 / (4 * 0.05 + 2.0)), "a verification costing two target forwards halves the gain"
+    assert bytes_per_token(cfg, 100, 4) == cfg.num_params * 4 + 2 * 30 * 3 * 64 * 100 * 4
 
 
 def test_alpha_from_steps_is_accepted_over_trials():
@@ -81,11 +59,11 @@ def test_ratio_interval_is_a_paired_bootstrap_over_the_prompts():
 
 
 def test_list_options_parse_ranges_and_lists_and_name_the_option_when_bad():
-    assert bench._parse_list("1-8", int, "--ks") == tuple(range(1, 9))
-    assert bench._parse_list("2,4", int, "--ks") == (2, 4)
-    assert bench._parse_list("0,0.7", float, "--temperatures") == (0.0, 0.7)
+    assert bench.parse_list("1-8", int, "--ks") == tuple(range(1, 9))
+    assert bench.parse_list("2,4", int, "--ks") == (2, 4)
+    assert bench.parse_list("0,0.7", float, "--temperatures") == (0.0, 0.7)
     with pytest.raises(ValueError, match="--ks"):
-        bench._parse_list("two", int, "--ks")
+        bench.parse_list("two", int, "--ks")
 
 
 def test_bench_config_rejects_bad_values_naming_them():
@@ -134,7 +112,7 @@ def test_the_interval_and_kinds_count_prompts_not_calls_when_sampling():
         ar.add([1], [0] * n, sec_ar, prompt=p)
         spec.add([1], [0] * n, sec_spec, prompt=p)
     assert spec.per_prompt() == ([0, 1], [6, 12], [1.5, 4.0])
-    assert bench._interval_vs(spec, ar) == bench.ratio_interval([6, 12], [1.5, 4.0], [6, 12], [2.0, 4.0])
+    assert bench.run._interval_vs(spec, ar) == bench.ratio_interval([6, 12], [1.5, 4.0], [6, 12], [2.0, 4.0])
     out = bench.by_kind(spec, ar, ["a", "b"])
     assert out["a"]["prompts"] == 1 and out["a"]["tokens"] == 6 and out["b"]["tokens"] == 12
     assert out["a"]["vs_ar"] == pytest.approx((6 / 1.5) / (6 / 2.0))
@@ -142,7 +120,7 @@ def test_the_interval_and_kinds_count_prompts_not_calls_when_sampling():
 
 
 def test_step_costs_time_every_kind_and_restore_the_caches(tiny_pair):
-    costs = bench.measure_step_costs(tiny_pair.target, tiny_pair.draft, ks=(1, 3), context=16, reps=2, warmup=1)
+    costs = measure_step_costs(tiny_pair.target, tiny_pair.draft, ks=(1, 3), context=16, reps=2, warmup=1)
     assert costs.target_forward > 0 and costs.draft_forward > 0 and set(costs.verify) == {1, 3}
     assert costs.c == costs.draft_forward / costs.target_forward
     assert costs.verify_cost(3) == costs.verify[3] / costs.target_forward
@@ -197,7 +175,7 @@ def quick_doc(default_target, hf_target, stand_in_draft_dir):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        draft = bench.load_draft(stand_in_draft_dir)
+        draft = load_draft(stand_in_draft_dir)
         cfg = bench.BenchConfig(num_prompts=2, max_new_tokens=8, temperatures=(0.0, 0.7), ks=(2,),
                                 cost_reps=3, warmup_tokens=2, quick=True, samples=2)
         feature = FeatureDraft(default_target, vocab_ids=range(4096)).eval().requires_grad_(False)  # random
@@ -412,25 +390,20 @@ def test_compare_policies_times_every_policy_and_reports_the_ratios():
 
 
 def test_profile_decode_splits_a_token_into_products_and_the_rest():
-    t = tiny_model(0)
+    t = accelerated(tiny_model(0))
     doc = bench.profile_decode(t, context=8, steps=3, bandwidth=1e10)
     assert doc["seconds_per_token"] > 0 and 0 < doc["product_share"] <= 1
     assert doc["product_seconds"] + doc["other_seconds"] == pytest.approx(doc["seconds_per_token"])
-    assert doc["weight_bytes"] == bench.streamed_weight_bytes(t.cfg, 4)
+    assert doc["weight_bytes"] == bytes_per_token(t.cfg, 0, 4)
     assert doc["product_fraction_of_bandwidth"] == pytest.approx(doc["product_bytes_per_s"] / 1e10)
     assert "matrix products" in bench.format_profile(doc)
     assert doc["eager_seconds"] > 0
     from specdec_lab.cpu import build as kernels
-    if kernels.available():  # the panel kernel's products are counted as products, not as the rest
+    if kernels.available():
         assert doc["fused_seconds"] > 0 and "fused forward" in bench.format_profile(doc)
-        assert model_module.FUSED_FORWARD, "profile_decode must restore the switch"
-        model_module.PANEL_MATMUL = False
-        try:
-            without = bench.profile_decode(t, context=8, steps=3, bandwidth=1e10)
-        finally:
-            model_module.PANEL_MATMUL = True
-        assert doc["product_share"] > 0.5 * without["product_share"]
-        assert without["fused_seconds"] is None  # the fused forward is built on the panel kernel
+        assert t.fast_rows is not None, "profile_decode must give the model back accelerated"
+    plain = bench.profile_decode(tiny_model(0), context=8, steps=3, bandwidth=1e10)
+    assert plain["fused_seconds"] is None, "a plain model has no one-call forward to time"
 
 
 def test_compare_kernels_times_every_product_kind_through_every_kernel():
@@ -439,7 +412,7 @@ def test_compare_kernels_times_every_product_kind_through_every_kernel():
     doc = bench.compare_kernels(t, rows=(1, 3), reps=1)
     kinds = {name.split(" ")[0] for name in doc["products"]}
     assert kinds == {"wqkv", "wo", "w13", "w2", "head"}
-    expected = {"torch"} | ({"onednn"} if model_module._HAVE_PACKING else set()) | (
+    expected = {"torch"} | ({"onednn"} if HAVE_PACKING else set()) | (
         {"panel"} if kernels.available() else set())
     for name, p in doc["products"].items():
         assert set(p["gb_per_s"]) == expected, name

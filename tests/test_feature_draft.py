@@ -1,9 +1,10 @@
 """The feature draft (EAGLE): lossless decoding, the drafter's cache, its data, training, saving."""
+import copy
 import pytest
 import torch
 
 import specdec_lab as sl
-from specdec_lab import drafters
+from specdec_lab.cpu import accelerate
 from specdec_lab.cpu import build as kernels
 from specdec_lab.train.data import generate_data, sample_batch
 from specdec_lab.drafters.feature import FeatureDraft, FeatureDrafter, save_feature_draft
@@ -53,9 +54,8 @@ def test_the_drafter_cache_matches_a_fresh_prefill_after_every_step(target, k, m
     # ones; estimated states left behind would make proposals differ from a fresh drafter's.
     # Self-distilled on nothing, a random draft accepts little; drafting the target's own greedy
     # path (a draft whose head is the target's and whose layer passes states through) accepts all.
-    # The eager forward on both sides: the one-call path's half-precision entries would differ from
-    # a fresh prefill's float32 ones by rounding (test_one_call_path_matches_the_eager_forward).
-    monkeypatch.setattr(drafters, "ONE_CALL", False)
+    # The plain forward on both sides: an accelerated draft's half-precision entries would differ from
+    # a fresh prefill's float32 ones by rounding (test_an_accelerated_draft_matches_the_plain_forward).
     fd = FeatureDraft(target, seed=2).eval().requires_grad_(False)
     engine = sl.SpeculativeEngine(target, fd, k=k)
     seen = []
@@ -76,17 +76,18 @@ def test_the_drafter_cache_matches_a_fresh_prefill_after_every_step(target, k, m
     assert len(seen) >= 5 and all(seen)
 
 
-def test_one_call_path_matches_the_eager_forward(target):
-    # The one-call drafter reads its weights in float16: the states, logits and cache entries it
-    # writes must match the eager float32 forward's to half-precision rounding, pending rows,
-    # drafted rows (reading the draft's own estimate) and the drafted tokens alike.
+def test_an_accelerated_draft_matches_the_plain_forward(target):
+    # An accelerated feature draft reads its layer's weights in float16 in one call: the states,
+    # logits and cache entries it writes must match the plain float32 forward's to half-precision
+    # rounding, pending rows, drafted rows (reading the draft's own estimate) and the drafted tokens alike.
     if not kernels.has_half():
         pytest.skip("the kernel library was built without F16C (kernels.has_half() is False)")
     fd = FeatureDraft(target, vocab_ids=list(range(0, 64, 2)) + [63], seed=3).eval().requires_grad_(False)
+    fd_fast = copy.deepcopy(fd)
+    accelerate(fd_fast.body, weights="float16")
     seq = [4, 5, 6, 9, 2, 7, 1]
     feats = target.hidden(torch.tensor([seq[:-1]]))[0]
-    fast, slow = FeatureDrafter(fd, 64, one_call=True), FeatureDrafter(fd, 64, one_call=False)
-    assert fast.one_call is not None and slow.one_call is None
+    fast, slow = FeatureDrafter(fd_fast, 64), FeatureDrafter(fd, 64)
     for d in (fast, slow):
         d.prefill(seq[:4], feats[:3])
         d.queue(seq[4:6], feats[3:5])  # three pending rows: the head runs on the last one only
@@ -103,8 +104,6 @@ def test_one_call_path_matches_the_eager_forward(target):
     assert torch.allclose(fast.cache.k[..., :8, :], slow.cache.k[..., :8, :], atol=2e-2)
     assert torch.allclose(fast.cache.v[..., :8, :], slow.cache.v[..., :8, :], atol=2e-2)
     assert not torch.equal(fast.cache.k[..., :8, :], slow.cache.k[..., :8, :])  # it did read half precision
-    with pytest.raises(ValueError, match="one_call"):
-        FeatureDrafter(fd, 64, one_call="yes")
 
 
 def test_a_feature_draft_for_another_width_is_refused(target):
@@ -204,7 +203,7 @@ def test_distill_features_tiny_budget_runs_end_to_end(tmp_path, default_target):
 
 def test_lookup_then_feature_draft_is_lossless_and_keeps_the_cache_whole(target, fdraft):
     drafter = sl.LookupThenModelDrafter(fdraft, 512, stop_below=0.2)
-    assert isinstance(drafter.model, FeatureDrafter) and drafter.reads_target_hidden
+    assert isinstance(drafter.model, FeatureDrafter) and drafter.needs_hidden
     engine = sl.SpeculativeEngine(target, drafter, k=4)
     prompt = [3, 4, 5, 6, 3, 4, 5, 6, 3, 4]  # repeats itself: lookup proposes
 
@@ -238,7 +237,7 @@ def test_the_shipped_feature_draft_drafts_for_the_default_target(default_target)
     fd = load_feature_draft(default_target, sl.shipped_feature_draft_dir())
     assert fd.cfg.n_layers == 1 and fd.state_width == 576 and len(fd.body.head.ids) == 8192
     drafter = sl.LookupThenModelDrafter(fd, 512)
-    assert (drafter.model.one_call is not None) == kernels.has_half()
+    assert (fd.body.fast_rows is not None) == kernels.available(), "load_feature_draft accelerates on the CPU"
     from test_engine import greedy_acceptance
     engine = sl.SpeculativeEngine(default_target, drafter, k=4)
     assert greedy_acceptance(engine, ("Why is the sky blue?", "Write a Python function that reverses a string.")) > 0.3

@@ -1,4 +1,5 @@
-"""The panel kernel (csrc/panel_matmul.cpp) against PyTorch's product, and how Linear uses it."""
+"""The CPU seam (specdec_lab/cpu/): the panel kernel (csrc/panel_matmul.cpp) against PyTorch's product,
+the fast modules accelerate() swaps in, and the C++ decoder (the fused forward) against the eager model."""
 import os
 import subprocess
 import sys
@@ -6,9 +7,11 @@ import sys
 import pytest
 import torch
 
+from specdec_lab.core.model import Linear, RMSNorm
+from specdec_lab.cpu import FusedForward, accelerate, accelerated
 from specdec_lab.cpu import build as kernels
-from specdec_lab.core import model as model_module
-from specdec_lab.core.model import Linear
+from specdec_lab.cpu.fused import FusedRows
+from specdec_lab.cpu.linear import _PANELS, FastLinear, FastRMSNorm
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="the kernel did not build here (no working C++ compiler)")
 
@@ -70,41 +73,39 @@ def test_pack_rejects_what_it_cannot_pack():
         kernels.matmul(torch.randn(1, 5), kernels.pack(torch.randn(4, 8)), 8)
 
 
-def test_linear_takes_the_panel_kernel_at_one_thread_and_follows_weight_changes():
+def test_fast_linear_takes_the_panel_kernel_at_one_thread_and_follows_weight_changes():
     assert torch.get_num_threads() == 1  # conftest
     torch.manual_seed(0)
-    lin = Linear(64, 100, bias=True)
-    torch.nn.init.normal_(lin.weight)
-    torch.nn.init.normal_(lin.bias)
+    plain = Linear(64, 100, bias=True)
+    torch.nn.init.normal_(plain.weight)
+    torch.nn.init.normal_(plain.bias)
+    lin = FastLinear(plain)
     x = torch.randn(1, 3, 64)
     with torch.no_grad():
         assert torch.allclose(lin(x), x @ lin.weight + lin.bias, atol=1e-4)
-        first = lin._panels.get(torch.float32)
+        first = _PANELS.get(lin, {}).get(torch.float32)
         assert first is not None, "a few-row float32 product must go through the panel copy"
         lin.weight.mul_(-1)
         assert torch.allclose(lin(x), x @ lin.weight + lin.bias, atol=1e-4), "a stale panel copy was used"
-        assert lin._panels[torch.float32] is not first
+        assert _PANELS[lin][torch.float32] is not first
         many = torch.randn(1, kernels.MAX_ROWS + 1, 64)  # prefill: not the panel kernel
-        lin._panels = {}
+        _PANELS.pop(lin)
         assert torch.allclose(lin(many), many @ lin.weight + lin.bias, atol=1e-4)
-        assert not lin._panels
+        assert lin not in _PANELS
     y = lin(x).sum()  # training: the plain product, which has a backward
     y.backward()
     assert lin.weight.grad is not None
 
 
-def test_the_default_target_decodes_the_same_tokens_with_and_without_the_kernel(default_target):
-    """Greedy tokens through the panel kernel against PyTorch's kernels, on the real model."""
+def test_the_default_target_decodes_the_same_tokens_plain_and_accelerated(default_target):
+    """Greedy tokens through the CPU seam (the kernels, the one-call forward) against PyTorch's, on the real model."""
     from specdec_lab import autoregressive_generate
-    outs = {}
-    for panel in (True, False):
-        model_module.PANEL_MATMUL = panel
-        try:
-            outs[panel] = autoregressive_generate(default_target, "List three primary colours.", max_new_tokens=24,
-                                                  temperature=0.0).tokens
-        finally:
-            model_module.PANEL_MATMUL = True
-    assert outs[True] == outs[False]
+    fast = accelerated(default_target)
+    assert default_target.fast_rows is None and fast.fast_rows is not None, "accelerated() must leave the model plain"
+    assert fast.head.weight is default_target.head.weight, "the fast twin must share the weights"
+    outs = [autoregressive_generate(m, "List three primary colours.", max_new_tokens=24, temperature=0.0).tokens
+            for m in (default_target, fast)]
+    assert outs[0] == outs[1]
 
 
 def _run(code, **env):
@@ -114,13 +115,15 @@ def _run(code, **env):
 
 def test_switched_off_or_without_a_compiler_the_model_still_runs(tmp_path):
     code = ("import warnings, torch; torch.set_num_threads(1)\n"
-            "from specdec_lab import kernels\n"
-            "from specdec_lab.model import Linear\n"
+            "from specdec_lab.cpu import build as kernels\n"
+            "from specdec_lab.core.model import Linear\n"
+            "from specdec_lab.cpu.linear import _PANELS, FastLinear\n"
             "with warnings.catch_warnings(record=True) as w:\n"
             "    warnings.simplefilter('always')\n"
             "    lin = Linear(8, 8); torch.nn.init.normal_(lin.weight); x = torch.randn(1, 8)\n"
-            "    with torch.no_grad(): y = lin(x)\n"
-            "print(kernels.available(), torch.allclose(y, x @ lin.weight), not lin._panels,"
+            "    fast = FastLinear(lin)\n"
+            "    with torch.no_grad(): y = fast(x)\n"
+            "print(kernels.available(), torch.allclose(y, x @ lin.weight), fast not in _PANELS,"
             " any('panel kernel is unavailable' in str(m.message) for m in w))\n")
     off = _run(code, SPECDEC_LAB_KERNELS="0")
     assert off.returncode == 0, off.stderr
@@ -131,14 +134,13 @@ def test_switched_off_or_without_a_compiler_the_model_still_runs(tmp_path):
 
 
 def test_rms_norm_equals_the_formula_and_the_module_uses_it_for_few_rows():
-    from specdec_lab.core.model import RMSNorm
     torch.manual_seed(3)
     x, w = torch.randn(2, 3, 576) * 3, torch.randn(576)
     ref = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * w
     assert torch.allclose(kernels.rms_norm(x, w, 1e-5), ref, rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="weight must have shape"):
         kernels.rms_norm(x, torch.randn(5), 1e-5)
-    norm = RMSNorm(576, 1e-5)
+    norm = FastRMSNorm(RMSNorm(576, 1e-5))
     with torch.no_grad():
         norm.weight.copy_(w)
         assert torch.allclose(norm(x), ref, rtol=1e-5, atol=1e-5)
@@ -162,8 +164,7 @@ def _untied(seed=0, **kw):
     dict(vocab_size=70, dim=32, n_heads=2, n_kv_heads=2, n_layers=1, rope_theta=10000.0),
 ])
 @pytest.mark.parametrize("subset", [False, True])
-def test_one_token_decoder_matches_the_eager_forward_and_writes_the_same_cache(shape, subset, monkeypatch):
-    monkeypatch.setattr(model_module, "FUSED_FORWARD", False)  # m(...) below: the eager forward
+def test_one_token_decoder_matches_the_eager_forward_and_writes_the_same_cache(shape, subset):
     from specdec_lab.core.kv_cache import KVCache
     from specdec_lab.cpu import OneTokenDecoder
     from specdec_lab.core.model import restrict_vocab
@@ -189,7 +190,6 @@ def test_one_token_decoder_matches_the_eager_forward_and_writes_the_same_cache(s
 
 
 def test_one_token_decoder_follows_weight_changes_and_a_full_cache_changes_nothing(monkeypatch):
-    monkeypatch.setattr(model_module, "FUSED_FORWARD", False)
     from specdec_lab.core.kv_cache import CacheOverflowError, KVCache
     from specdec_lab.cpu import OneTokenDecoder
     m = _untied(1)
@@ -214,7 +214,6 @@ def test_one_token_decoder_follows_weight_changes_and_a_full_cache_changes_nothi
 
 
 def test_one_token_decoder_from_rows_and_in_half_precision(monkeypatch):
-    monkeypatch.setattr(model_module, "FUSED_FORWARD", False)
     # embedded(row) is __call__(token) with the row given: bit for bit the same logits and state.
     # weights="float16" reads float16 panels: close to the float32 path, not equal to it. head=False
     # writes the cache and the state, and computes no logits.
@@ -273,57 +272,42 @@ def test_one_token_decoder_refuses_what_it_does_not_cover():
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
-def test_drafters_propose_the_same_with_and_without_the_one_call_path(temperature, monkeypatch):
-    from specdec_lab import drafters
-    from specdec_lab import SpeculativeEngine
+def test_drafters_propose_the_same_with_a_plain_and_an_accelerated_draft(temperature):
+    from specdec_lab import LookupThenModelDrafter, ModelDrafter, SpeculativeEngine
     from specdec_lab.io.pair import tiny_model
     target, draft = tiny_model(0, eos_token_ids=()), _untied(1, n_layers=1, eos_token_ids=())
     prompt = [3, 1, 4, 1, 5, 9, 2, 6, 3, 1, 4]
     runs = {}
-    monkeypatch.setattr(drafters, "ONE_CALL_WEIGHTS", "float32")  # the same weights: the same proposals
-    for one_call in (False, True):
-        monkeypatch.setattr(drafters, "ONE_CALL", one_call)
-        plain = drafters.ModelDrafter(draft, 128, stop_below=0.3)
-        mixed = drafters.LookupThenModelDrafter(draft, 128, stop_below=0.3)  # long pending runs: eager
-        assert (plain.one_call is not None) == one_call == (mixed.model.one_call is not None)
-        runs[one_call] = [SpeculativeEngine(target, d, k=4, max_seq_len=128).generate(
-            prompt, max_new_tokens=40, temperature=temperature, seed=7) for d in (plain, mixed)]
-    for a, b in zip(runs[False], runs[True]):
+    for name, d in (("plain", draft), ("accelerated", accelerated(draft))):  # float32: the same weights
+        plain = ModelDrafter(d, 128, stop_below=0.3)
+        mixed = LookupThenModelDrafter(d, 128, stop_below=0.3)  # long pending runs: several rows at once
+        runs[name] = [SpeculativeEngine(target, dr, k=4, max_seq_len=128).generate(
+            prompt, max_new_tokens=40, temperature=temperature, seed=7) for dr in (plain, mixed)]
+    for a, b in zip(runs["plain"], runs["accelerated"]):
         assert a.tokens == b.tokens
         assert [(r.k, r.num_accepted) for r in a.steps] == [(r.k, r.num_accepted) for r in b.steps]
 
 
-def test_the_one_call_draft_reads_half_precision_where_it_can_and_stays_lossless(monkeypatch):
-    from specdec_lab import drafters
-    from specdec_lab import SpeculativeEngine
-    from specdec_lab import autoregressive_generate
-    from specdec_lab.core.kv_cache import KVCache
+def test_a_draft_read_in_half_precision_rounds_its_logits_and_stays_lossless():
+    from specdec_lab import ModelDrafter, SpeculativeEngine, autoregressive_generate
     from specdec_lab.io.pair import tiny_model
     target, draft = tiny_model(0, eos_token_ids=()), _untied(1, n_layers=2, eos_token_ids=())
-    cache = KVCache.for_model(draft.cfg, 8)
-    assert drafters.one_call_weights(draft, cache) == ("float16" if kernels.has_half() else "float32")
-    assert drafters.one_call_weights(target, cache) is None  # tied embeddings: no by-token call
-    monkeypatch.setattr(drafters, "ONE_CALL_WEIGHTS", "float32")
-    assert drafters.one_call_weights(draft, cache) == "float32"
-    monkeypatch.setattr(drafters, "ONE_CALL", False)
-    assert drafters.one_call_weights(draft, cache) is None
+    half = accelerated(draft, weights="float16")
+    assert half.fast_rows.weights == ("float16" if kernels.has_half() else "float32")
+    assert accelerated(target).fast_rows.weights == "float32"
     if not kernels.has_half():
         return
-    monkeypatch.setattr(drafters, "ONE_CALL", True)
     logits = {}
-    for weights in ("float32", "float16"):
-        monkeypatch.setattr(drafters, "ONE_CALL_WEIGHTS", weights)
-        d = drafters.ModelDrafter(draft, 64)
-        assert d.one_call.weights == weights
+    for name, m in (("float32", accelerated(draft)), ("float16", half)):
+        d = ModelDrafter(m, 64)
         d.prefill([3, 1, 4, 1, 5])
-        logits[weights] = d._feed(torch.tensor([[5]]))
+        logits[name] = d._feed(torch.tensor([[5]]))
     a, b = logits["float32"], logits["float16"]
     assert not torch.equal(a, b), "half-precision weights must round something"
     assert torch.allclose(a, b, rtol=1e-2, atol=1e-2)
     prompt = [3, 1, 4, 1, 5, 9, 2, 6]
     expected = autoregressive_generate(target, prompt, max_new_tokens=30).tokens
-    assert SpeculativeEngine(target, drafters.ModelDrafter(draft, 128), k=4, max_seq_len=128).generate(
-        prompt, max_new_tokens=30).tokens == expected
+    assert SpeculativeEngine(target, half, k=4, max_seq_len=128).generate(prompt, max_new_tokens=30).tokens == expected
 
 
 # The target's own forward over a few rows (decode and verification) goes through FusedForward.
@@ -331,34 +315,40 @@ def test_the_one_call_draft_reads_half_precision_where_it_can_and_stays_lossless
 SHAPES = [dict(), dict(vocab_size=100, dim=48, n_heads=6, n_kv_heads=1, n_layers=3)]
 
 
-def _forward(m, x, cache, fused, monkeypatch):
-    monkeypatch.setattr(model_module, "FUSED_FORWARD", fused)
-    assert (model_module.fused_forward(m, x, cache, None, None, None) is not None) == fused
-    return m(x, cache=cache)
+def _forward(m, x, cache, fused):
+    """An accelerated m's forward through its fast_rows seam (fused), or around it (the eager code,
+    over the fast modules), without rebuilding anything."""
+    rows = m.fast_rows
+    assert rows is not None, "accelerate the model first"
+    assert rows._applies(x, None, cache, None, None) or not fused, "the fused forward does not apply here"
+    m.fast_rows = rows if fused else None
+    try:
+        return m(x, cache=cache)
+    finally:
+        m.fast_rows = rows
 
 
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("tied", [True, False])
-def test_fused_forward_matches_the_eager_forward_over_a_few_rows(shape, tied, monkeypatch):
+def test_fused_forward_matches_the_eager_forward_over_a_few_rows(shape, tied):
     from specdec_lab.core.kv_cache import KVCache
     from specdec_lab.io.pair import tiny_model
-    m = tiny_model(4, tie_embeddings=tied, **shape)
+    m = accelerate(tiny_model(4, tie_embeddings=tied, **shape))
     g = torch.Generator().manual_seed(1)
     eager, fused = KVCache.for_model(m.cfg, 80), KVCache.for_model(m.cfg, 80)
     prompt = torch.randint(0, m.cfg.vocab_size, (1, 20), generator=g)
-    _forward(m, prompt, eager, False, monkeypatch)  # 20 rows: the eager forward either way
-    _forward(m, prompt, fused, False, monkeypatch)
+    _forward(m, prompt, eager, False)  # 20 rows: the eager forward either way
+    _forward(m, prompt, fused, False)
     for T in (1, 2, 5, 9, 16):
         x = torch.randint(0, m.cfg.vocab_size, (1, T), generator=g)
-        a = _forward(m, x, eager, False, monkeypatch)
-        b = _forward(m, x, fused, True, monkeypatch)
+        a = _forward(m, x, eager, False)
+        b = _forward(m, x, fused, True)
         assert b.shape == a.shape == (1, T, m.cfg.vocab_size)
         assert torch.allclose(a, b, rtol=1e-4, atol=1e-4), f"T={T}: {(a - b).abs().max()}"
         assert fused.length == eager.length
     n = eager.length
     assert torch.allclose(eager.k[..., :n, :], fused.k[..., :n, :], rtol=1e-4, atol=1e-4)
     assert torch.allclose(eager.v[..., :n, :], fused.v[..., :n, :], rtol=1e-4, atol=1e-4)
-    monkeypatch.setattr(model_module, "FUSED_FORWARD", True)
     h = m.hidden(torch.tensor([[1, 2]]), cache=fused)
     h_copy = h.clone()
     m.hidden(torch.tensor([[3]]), cache=fused)
@@ -371,7 +361,7 @@ def test_the_fused_forward_sees_replaced_weights_and_modules(monkeypatch):
     from torch import nn
     from specdec_lab.core.kv_cache import KVCache
     from specdec_lab.core.model import Linear, restrict_vocab
-    m = _untied(6, n_layers=2)
+    m = accelerate(_untied(6, n_layers=2))
     x = torch.tensor([[3, 1, 4]])
 
     def both():
@@ -379,7 +369,7 @@ def test_the_fused_forward_sees_replaced_weights_and_modules(monkeypatch):
         for fused in (False, True):
             cache = KVCache.for_model(m.cfg, 8)
             with torch.no_grad():
-                out.append(_forward(m, x, cache, fused, monkeypatch))
+                out.append(_forward(m, x, cache, fused))
         assert torch.allclose(out[0], out[1], rtol=1e-4, atol=1e-4), (out[0] - out[1]).abs().max()
         return out[1]
 
@@ -409,52 +399,51 @@ def test_a_fused_row_is_bit_for_bit_the_same_whatever_the_row_count(monkeypatch)
     depend on how many tokens the forward held: decode holds one, verification K+1."""
     from specdec_lab.core.kv_cache import KVCache
     from specdec_lab.io.pair import tiny_model
-    m = tiny_model(5, **SHAPES[1])
+    m = accelerate(tiny_model(5, **SHAPES[1]))
     cache = KVCache.for_model(m.cfg, 64)
     m(torch.randint(0, 100, (1, 30), generator=torch.Generator().manual_seed(2)), cache=cache)
     x = torch.randint(0, 100, (1, 9), generator=torch.Generator().manual_seed(3))
-    together = _forward(m, x, cache, True, monkeypatch)[0]
+    together = _forward(m, x, cache, True)[0]
     k_together = cache.k[..., 30:39, :].clone()
     cache.rollback(30)
-    alone = torch.cat([_forward(m, x[:, i:i + 1], cache, True, monkeypatch)[0] for i in range(9)])
+    alone = torch.cat([_forward(m, x[:, i:i + 1], cache, True)[0] for i in range(9)])
     assert torch.equal(together, alone)
     assert torch.equal(k_together, cache.k[..., 30:39, :])
 
 
-def test_the_fused_forward_is_used_only_where_it_applies(monkeypatch):
+def test_the_fused_forward_is_used_only_where_it_applies():
     from specdec_lab.core.kv_cache import KVCache
     from specdec_lab.core.masks import verification_mask
     from specdec_lab.paged import PagedSequenceCache
     from specdec_lab.io.pair import tiny_model
-    fused_forward = model_module.fused_forward
     m = tiny_model(0)
+    rows = FusedRows(m)
     cache = KVCache.for_model(m.cfg, 40)
     cache.length = 5
     x = torch.zeros(1, 3, dtype=torch.long)
     with torch.no_grad():
-        assert isinstance(fused_forward(m, x, cache, None, None, None), model_module.FusedForward)
-        assert fused_forward(m, x, cache, None, torch.arange(5, 8), None) is not None  # the default positions
+        assert rows._applies(x, None, cache, None, None)
+        assert rows._applies(x, torch.arange(5, 8), cache, None, None)  # the default positions
         refused = {
-            "an explicit mask": (m, x, cache, verification_mask(5, 3), None),
-            "other positions": (m, x, cache, None, torch.arange(6, 9)),
-            "no cache": (m, x, None, None, None),
-            "a paged cache": (m, x, PagedSequenceCache.for_model(m.cfg, 32, block_size=8), None, None),
-            "batch 2": (m, torch.zeros(2, 3, dtype=torch.long), KVCache.for_model(m.cfg, 40, batch_size=2),
-                        None, None),
-            "more rows than the kernel takes": (m, torch.zeros(1, kernels.MAX_ROWS + 1, dtype=torch.long),
-                                                cache, None, None),
+            "an explicit mask": (x, None, cache, verification_mask(5, 3)),
+            "other positions": (x, torch.arange(6, 9), cache, None),
+            "no cache": (x, None, None, None),
+            "a paged cache": (x, None, PagedSequenceCache.for_model(m.cfg, 32, block_size=8), None),
+            "batch 2": (torch.zeros(2, 3, dtype=torch.long), None, KVCache.for_model(m.cfg, 40, batch_size=2), None),
+            "more rows than the kernel takes": (torch.zeros(1, kernels.MAX_ROWS + 1, dtype=torch.long), None, cache,
+                                                None),
         }
         for why, args in refused.items():
-            assert fused_forward(*args, None) is None, why
-        bf16 = tiny_model(0).to(torch.bfloat16)
-        assert fused_forward(bf16, x, KVCache.for_model(bf16.cfg, 40, dtype=torch.bfloat16), None, None, None) is None
-        assert fused_forward(tiny_model(0, qkv_bias=True), x, cache, None, None, None) is None  # biases: eager
+            assert not rows._applies(*args, None), why
+            assert rows.logits(*args, False) is None, why
+        assert not FusedForward.supports(tiny_model(0).to(torch.bfloat16))
+        assert not FusedForward.supports(tiny_model(0, qkv_bias=True))  # biases: eager
+        assert accelerate(tiny_model(0, qkv_bias=True)).fast_rows is None, "accelerate must skip what it cannot run"
     trainable = tiny_model(0).requires_grad_(True)
-    assert fused_forward(trainable, x, cache, None, None, None) is None  # a backward needs the eager graph
+    trainable_rows = FusedRows(trainable)
+    assert not trainable_rows._applies(x, None, cache, None, None)  # a backward needs the eager graph
     with torch.no_grad():
-        assert fused_forward(trainable, x, cache, None, None, None) is not None
-        monkeypatch.setattr(model_module, "FUSED_FORWARD", False)
-        assert fused_forward(m, x, cache, None, None, None) is None
+        assert trainable_rows._applies(x, None, cache, None, None)
 
 
 def test_a_failed_fused_forward_changes_nothing():
@@ -468,7 +457,7 @@ def test_a_failed_fused_forward_changes_nothing():
         with pytest.raises(CacheOverflowError):
             m(torch.tensor([[5, 6, 7]]), cache=cache)
         assert cache.length == 4 and torch.equal(cache.k, k) and torch.equal(cache.v, v)
-        fused = model_module.FusedForward(m)
+        fused = FusedForward(m)
         for bad in (torch.zeros(2, m.cfg.dim + 1), torch.zeros(kernels.MAX_ROWS + 1, m.cfg.dim),
                     torch.zeros(2, m.cfg.dim, dtype=torch.float64)):
             with pytest.raises(ValueError, match="rows must"):
@@ -482,7 +471,7 @@ def test_two_threads_can_decode_with_one_model_at_once():
     hidden states and attention scores are written over by the other's mid-call."""
     import threading
     from specdec_lab.core.kv_cache import KVCache
-    m = _untied(7, dim=128, n_layers=4, vocab_size=512)
+    m = accelerate(_untied(7, dim=128, n_layers=4, vocab_size=512))
     prompts = [torch.randint(0, 512, (1, 40), generator=torch.Generator().manual_seed(s)) for s in (1, 2)]
     steps = 60
 
@@ -499,7 +488,7 @@ def test_two_threads_can_decode_with_one_model_at_once():
     alone = [[], []]
     for prompt, out in zip(prompts, alone):
         decode(prompt, out)
-    assert model_module._FUSED.get(m), "the fused forward must be the one under test"
+    assert m.fast_rows is not None, "the fused forward must be the one under test"
     for _ in range(3):
         together = [[], []]
         threads = [threading.Thread(target=decode, args=(p, o)) for p, o in zip(prompts, together)]
@@ -511,3 +500,25 @@ def test_two_threads_can_decode_with_one_model_at_once():
             assert len(a) == len(b) == steps
             for i, ((la, ha), (lb, hb)) in enumerate(zip(a, b)):
                 assert torch.equal(ha, hb) and torch.equal(la, lb), f"step {i} differs when two threads decode"
+
+
+def test_accelerate_swaps_the_modules_once_and_eager_undoes_it_for_a_block():
+    from specdec_lab.cpu import eager, is_accelerated
+    from specdec_lab.io.pair import tiny_model
+    m = tiny_model(0)
+    x = torch.tensor([[5, 3, 2]])
+    with torch.no_grad():
+        want = m(x)
+        accelerate(m)
+        kinds = [type(mod) for mod in m.modules()]
+        accelerate(m)  # a second call finds nothing left to swap
+        assert [type(mod) for mod in m.modules()] == kinds and FastLinear in kinds and FastRMSNorm in kinds
+        assert is_accelerated(m) and torch.allclose(m(x), want, atol=1e-4)
+        with eager(m):
+            assert not is_accelerated(m) and m.fast_rows is None
+            assert torch.equal(m(x), want), "inside eager() the model must be the plain one"
+        assert is_accelerated(m) and m.fast_rows is not None
+    with pytest.raises(ValueError, match="weights must be one of"):
+        accelerate(m, weights="int3")
+    with pytest.raises(TypeError, match="model must be a specdec_lab Transformer"):
+        accelerate(torch.nn.Linear(2, 2))

@@ -3,6 +3,7 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
+from specdec_lab.core.drafter import Verdict
 from specdec_lab.core.config import SamplingConfig
 from specdec_lab.drafters import NGramDrafter, ngram_lookup_reference
 from specdec_lab import SpeculativeEngine
@@ -65,7 +66,7 @@ def test_commit_appends_accepted_tokens_and_next_token_only():
     d = NGramDrafter()
     d.prefill([1, 2, 3, 1, 2])
     assert proposal(d, 3) == [3, 1, 2]
-    d.commit(3, [3, 1, 2], 1, 9)  # the target accepted 3, then chose 9
+    d.commit(Verdict([3, 1, 2], 1, 9))  # the target accepted 3, then chose 9
     assert d.context == [1, 2, 3, 1, 2, 3, 9]
     d.reset()
     assert d.context == [] and proposal(d, 2) == []
@@ -79,7 +80,7 @@ def test_indexed_lookup_equals_the_reference_scan(context, k, max_ngram, extra):
     d = NGramDrafter(max_ngram=max_ngram, min_ngram=min_ngram)
     d.prefill(context[:1])
     for t in context[1:]:  # grow the index the way the engine does, one commit at a time
-        d.commit(0, [], 0, t)
+        d.commit(Verdict([], 0, t))
     assert d.context == context
     assert d.lookup(k) == ngram_lookup_reference(context, k, max_ngram, min_ngram)
 

@@ -4,6 +4,7 @@ import math
 import pytest
 
 from specdec_lab.analysis import roofline as rf
+from specdec_lab.analysis import timing
 from specdec_lab.core.config import ModelConfig
 from specdec_lab.io.pair import tiny_model
 
@@ -150,31 +151,45 @@ def test_forward_time_is_flat_below_the_critical_batch_and_linear_above():
 # --------------------------------------------------------------------------- measuring this machine
 
 def test_measurements_return_plausible_rates():
-    bw = rf.measure_memory_bandwidth(nbytes=1 << 22, reps=2)
-    copy = rf.measure_memory_bandwidth(nbytes=1 << 22, reps=2, mode="copy")
-    flops = rf.measure_matmul_flops(n=128, reps=2)
+    bw = timing.measure_memory_bandwidth(nbytes=1 << 22, reps=2)
+    copy = timing.measure_memory_bandwidth(nbytes=1 << 22, reps=2, mode="copy")
+    flops = timing.measure_matmul_flops(n=128, reps=2)
     for value in (bw, copy, flops):
         assert math.isfinite(value) and value > 1e8
     with pytest.raises(ValueError, match="mode"):
-        rf.measure_memory_bandwidth(mode="write")
+        timing.measure_memory_bandwidth(mode="write")
 
 
 def test_best_seconds_takes_the_minimum_and_checks_reps():
     calls = []
-    assert rf.best_seconds(lambda: calls.append(1), reps=3) >= 0
+    assert timing.best_seconds(lambda: calls.append(1), reps=3) >= 0
     assert len(calls) == 4, "one warm-up call plus reps timed calls"
     with pytest.raises(ValueError, match="reps"):
-        rf.best_seconds(lambda: None, reps=0)
+        timing.best_seconds(lambda: None, reps=0)
 
 
 def test_measure_forward_seconds_times_each_t_and_leaves_no_trace():
     model = tiny_model(0)
-    seconds = rf.measure_forward_seconds(model, [1, 4], context=8, reps=1)
+    seconds = timing.measure_forward_seconds(model, [1, 4], context=8, reps=1)
     assert len(seconds) == 2 and all(s > 0 for s in seconds)
     with pytest.raises(ValueError, match="tokens"):
-        rf.measure_forward_seconds(model, [0])
+        timing.measure_forward_seconds(model, [0])
 
 
 def test_model_config_and_count_agree_without_context():
     cfg = ModelConfig(vocab_size=100, dim=16, n_layers=2, n_heads=2, n_kv_heads=1, head_dim=8, intermediate_size=32)
     assert rf.bytes_per_token(cfg) == rf.bytes_per_token(cfg.num_params) == 2 * cfg.num_params
+
+
+def test_bandwidth_probe_measures_again_at_each_call():
+    probe = timing.BandwidthProbe(nbytes=1 << 22, reps=2)
+    a, b = probe(), probe()
+    assert a > 0 and b > 0 and probe.samples == [a, b]
+
+
+def test_bytes_per_token_takes_a_mean_context():
+    cfg = ModelConfig()
+    whole, half = rf.bytes_per_token(cfg, 100, 4), rf.bytes_per_token(cfg, 100.5, 4)
+    assert half - whole == pytest.approx(0.5 * rf.kv_bytes_per_position(cfg, 4))
+    with pytest.raises(ValueError, match="context"):
+        rf.bytes_per_token(cfg, -1.0, 4)

@@ -8,7 +8,7 @@ from specdec_lab.cpu import build as kernels
 from specdec_lab.core.config import SamplingConfig
 from specdec_lab.core.kv_cache import KVCache
 from specdec_lab.cpu import OneTokenDecoder
-from specdec_lab.core.model import Transformer
+from specdec_lab.core.model import Linear, Transformer
 from specdec_lab.cpu import QuantizedDecoding, SelfDraft, SelfDrafter, best_weights
 
 pytestmark = pytest.mark.skipif(not kernels.has_int8(),
@@ -85,7 +85,7 @@ def test_the_rounded_forward_is_the_float32_forward_of_the_weights_it_stands_for
     rounded.eval().requires_grad_(False)
     with torch.no_grad():
         for name, mod in rounded.named_modules():
-            if hasattr(mod, "panel_weight") and mod.weight.dim() == 2:
+            if isinstance(mod, Linear) and mod.weight.dim() == 2:
                 K, N = mod.weight.shape
                 if weights == "int4" and name != "head":
                     mod.weight.copy_(kernels.unpack_int4(kernels.pack(mod.weight, torch.uint4), K, N))
@@ -135,7 +135,7 @@ def test_a_4bit_forward_of_q4_1_and_q8_0_weights_is_the_float32_forward():
     model = sl.tiny_model(5, dim=64, vocab_size=64)
     with torch.no_grad():
         for name, mod in model.named_modules():
-            if hasattr(mod, "panel_weight") and mod.weight.dim() == 2:
+            if isinstance(mod, Linear) and mod.weight.dim() == 2:
                 like = _q8_0_like if name == "head" else _q4_1_like
                 mod.weight.copy_(like(*mod.weight.shape, seed=len(name)))
     a, b = KVCache.for_model(model.cfg, 16), KVCache.for_model(model.cfg, 16)
@@ -168,9 +168,10 @@ def test_greedy_with_a_self_draft_equals_autoregressive(target, weights, k):
 
 def test_a_self_draft_behind_prompt_lookup_copies_where_the_context_repeats(target):
     from specdec_lab import LookupThenModelDrafter
+    from specdec_lab.drafters import LookupDrafter
     engine = sl.SpeculativeEngine(target, SelfDraft(target, lookup=True), k=4)
     drafter = engine.drafter
-    assert isinstance(drafter, LookupThenModelDrafter) and isinstance(drafter.model, SelfDrafter)
+    assert isinstance(drafter, LookupDrafter) and isinstance(drafter.model, SelfDrafter)
     assert drafter.model.cache is engine.cache
     prompts = PROMPTS + [[1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2]]  # the last one repeats itself
     def pending_is_the_next_token(rec, out):  # after copied steps too: the next draft starts there

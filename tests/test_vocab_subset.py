@@ -5,7 +5,6 @@ import pytest
 import torch
 
 import specdec_lab as sl
-from specdec_lab.io import pair as pair_module
 from specdec_lab.train.distill import frequent_tokens, save_draft, save_vocab_subset
 from specdec_lab.core.model import VocabSubsetHead, restrict_vocab
 from test_engine import PROMPT, V, chi_square_pvalue, exact_distribution
@@ -82,10 +81,6 @@ def test_load_pair_restricts_a_draft_folder_with_a_subset_file_and_can_be_switch
     pair = sl.load_pair(tmp_path / "target", tmp_path / "draft")
     assert isinstance(pair.draft.head, VocabSubsetHead) and pair.draft.head.ids.tolist() == SUBSET
     assert sl.load_pair(tmp_path / "target", tmp_path / "draft").draft is pair.draft, "loaded once per process"
-    pair_module.DRAFT_VOCAB_SUBSET = False
-    try:
-        full = sl.load_pair(tmp_path / "target", tmp_path / "draft").draft
-    finally:
-        pair_module.DRAFT_VOCAB_SUBSET = True
+    full = sl.load_pair(tmp_path / "target", tmp_path / "draft", vocab_subset_head=False).draft
     assert not isinstance(full.head, VocabSubsetHead), "the cached full draft must stay whole"
     assert full.head.weight.shape[1] == 64
