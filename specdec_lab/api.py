@@ -158,6 +158,7 @@ def load_pair(target, draft, device="cpu", dtype=torch.float32, accelerate=None,
 
 def load_default_pair(device="cpu", dtype=torch.float32, accelerate=None) -> ModelPair:
     """SmolLM2-135M-Instruct and the project's distilled draft (specdec_lab/draft/)."""
+    check_device(device)
     draft = default_draft_dir()
     if not (draft / "model.safetensors").exists():
         raise FileNotFoundError(f"the shipped draft is missing from {draft}; "
