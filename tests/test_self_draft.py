@@ -10,6 +10,7 @@ from specdec_lab.core.kv_cache import KVCache
 from specdec_lab.cpu import OneTokenDecoder
 from specdec_lab.core.model import Linear, Transformer
 from specdec_lab.cpu import QuantizedDecoding, SelfDraft, SelfDrafter, best_weights
+from specdec_lab.cpu.linear import panel_weight
 
 pytestmark = pytest.mark.skipif(not kernels.has_int8(),
                                 reason="the kernel library was built without AVX2 (kernels.has_int8() is False)")
@@ -312,9 +313,9 @@ def test_the_default_target_drafts_for_itself_in_4_bits(default_target):
     layer = default_target.layers[3]
     for mod in (layer.attn.wqkv, layer.attn.wo, layer.mlp.w13, layer.mlp.w2):
         K, N = mod.weight.shape
-        assert torch.equal(kernels.unpack_int4(mod.panel_weight(torch.uint4), K, N), mod.weight)
+        assert torch.equal(kernels.unpack_int4(panel_weight(mod, torch.uint4), K, N), mod.weight)
     K, N = default_target.head.weight.shape
-    assert torch.equal(kernels.unpack_q8(default_target.head.panel_weight(torch.qint8), K, N),
+    assert torch.equal(kernels.unpack_q8(panel_weight(default_target.head, torch.qint8), K, N),
                        default_target.head.weight)
     assert best_weights(default_target) == "int4"
     prompts = ("Why is the sky blue?", "Write a Python function that reverses a string.")
