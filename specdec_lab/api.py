@@ -90,8 +90,9 @@ class SpeculativeEngine(Engine):
                  verifier="device", tokenizer=None):
         if isinstance(max_seq_len, bool) or not isinstance(max_seq_len, int) or max_seq_len < 2:
             raise ValueError(f"max_seq_len must be an int >= 2, got {max_seq_len!r}")
-        if not isinstance(target, Transformer):
-            raise TypeError(f"target must be a specdec_lab Transformer, got {type(target).__name__}")
+        if not (callable(target) and all(hasattr(target, a) for a in ("cfg", "device", "dtype"))):
+            raise TypeError(f"target must be a specdec_lab Transformer (or a model with its cfg, device, dtype "
+                            f"and forward), got {type(target).__name__}")
         factory = cache_factory(cache, block_size)
         capacity = min(max_seq_len, target.cfg.max_seq_len)
         if isinstance(draft, SelfDraft) and cache != "contiguous":
