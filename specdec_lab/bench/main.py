@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 
 from ..core.text import encode_prompt
-from ..cpu import accelerate
+from ..cpu import accelerate, accelerated
 from ..drafters.feature import find_feature_draft_dir, load_feature_draft
 from ..io.assets import ensure_default_target
 from ..io.pair import default_draft_dir, load_model_cached, with_vocab_subset
@@ -115,9 +115,8 @@ def load_systems_models(args, device, dtype, with_hf, log):
         draft = with_vocab_subset(load_draft(draft_src, device, dtype), draft_src)
     else:
         draft = load_model_cached(draft_src, device, dtype)
-    if device.type == "cpu" and not getattr(args, "eager", False):  # as load_pair does (api.py)
-        accelerate(target)
-        accelerate(draft, weights="float16")
+    if device.type == "cpu":  # fast twins, as load_pair gives out (api.py)
+        target, draft = accelerated(target), accelerated(draft, weights="float16")
     if draft.cfg.vocab_size != target.cfg.vocab_size:
         raise ValueError(f"draft vocabulary ({draft.cfg.vocab_size}) differs from the target's "
                          f"({target.cfg.vocab_size}); the draft must share the target's tokenizer")
@@ -141,7 +140,7 @@ def load_bench_feature_draft(args, target, log):
         folder = find_feature_draft_dir()
     log(f"loading feature draft {folder} ...")
     model = load_feature_draft(target, folder)
-    if target.device.type == "cpu" and not getattr(args, "eager", False):
+    if target.device.type == "cpu":
         accelerate(model.body, weights="float16")
     return model
 
