@@ -66,7 +66,7 @@ def test_the_drafter_cache_matches_a_fresh_prefill_after_every_step(target, k, m
         drafter = engine.drafter
         assert drafter.cache.length + len(drafter.pending_tokens) == len(seq) - 1  # entries 1 .. len - 1
         want, _ = _fresh_proposal(target, fd, seq, k)
-        cache_len, pend = drafter.cache.length, (list(drafter.pending_tokens), list(drafter.pending_feats))
+        cache_len, pend = drafter.cache.length, (drafter.pending_tokens.clone(), list(drafter.pending_feats))
         got = drafter.propose(k, SamplingConfig(), None)[0].tolist()
         drafter.cache.rollback(cache_len)  # undo the look-ahead: the engine continues from here
         drafter.pending_tokens, drafter.pending_feats = pend
@@ -90,7 +90,7 @@ def test_an_accelerated_draft_matches_the_plain_forward(target):
     fast, slow = FeatureDrafter(fd_fast, 64), FeatureDrafter(fd, 64)
     for d in (fast, slow):
         d.prefill(seq[:4], feats[:3])
-        d.queue(seq[4:6], feats[3:5])  # three pending rows: the head runs on the last one only
+        d.queue(torch.tensor(seq[4:6]), feats[3:5])  # three pending rows: the head runs on the last one only
     (h1, l1), (h0, l0) = fast._feed(fast.pending_tokens, fast.pending_feats), \
         slow._feed(slow.pending_tokens, slow.pending_feats)
     for _ in range(3):

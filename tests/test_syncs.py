@@ -1,4 +1,5 @@
 """syncs.py: host synchronisations counted from the outside."""
+import pytest
 import torch
 
 import specdec_lab as sl
@@ -41,8 +42,35 @@ def test_vectorised_verify_is_sync_free_and_the_loop_count_matches_its_own_recor
         assert syncs.count == own["count"] > 0
 
 
-def test_the_engine_syncs_once_per_step_by_the_external_count():
-    engine = sl.SpeculativeEngine(sl.tiny_model(0), sl.tiny_model(1, n_layers=1), k=3)
+def _per_step(engine, prompt, **kwargs):
+    """The syncs counted from outside between one step's end and the next's: steps 2.. (the first
+    also holds the prefill's copies of the prompt)."""
+    seen = []
     with count_host_syncs() as syncs:
-        res = engine.generate([1, 2, 3], max_new_tokens=20, temperature=1.0, seed=0)
-    assert syncs.count == res.stats.steps == res.stats.syncs
+        res = engine.generate(prompt, max_new_tokens=30, on_step=lambda rec, out: seen.append(syncs.count), **kwargs)
+    return res, [b - a for a, b in zip(seen, seen[1:])]
+
+
+@pytest.mark.parametrize("cache", ["contiguous", "paged"])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_step_reads_the_device_once_counted_from_outside(temperature, cache):
+    """c, the draft's pending tokens and the drafted ids stay on the device, and a paged cache's new
+    blocks enter as scalars: the verdict's one read is a step's only sync. A step that copies c or
+    the pending tokens to the device counts 3."""
+    engine = sl.SpeculativeEngine(sl.tiny_model(0), sl.tiny_model(1, n_layers=1), k=3, cache=cache, block_size=4)
+    res, per_step = _per_step(engine, [1, 2, 3], temperature=temperature, seed=0)
+    assert len(per_step) >= 10 and set(per_step) == {1}, f"syncs per step, counted: {per_step}"
+    assert [r.syncs for r in res.steps[1:]] == per_step, "the engine must report what was counted"
+
+
+def test_what_costs_more_than_one_read_is_counted_and_reported():
+    """The early stop reads q(d) per drafted token, and prompt lookup copies its proposal to the
+    device: each costs syncs, and the engine's figure is the one counted from outside."""
+    target, draft = sl.tiny_model(0, eos_token_ids=()), sl.tiny_model(1, n_layers=1, eos_token_ids=())
+    for drafter in (sl.ModelDrafter(draft, 256, stop_below=0.3), sl.LookupThenModelDrafter(draft, 256),
+                    sl.NGramDrafter()):
+        engine = sl.SpeculativeEngine(target, drafter, k=4)
+        res, per_step = _per_step(engine, [1, 2, 3, 1, 2, 3, 1, 2])
+        assert [r.syncs for r in res.steps[1:]] == per_step, type(drafter).__name__
+        if isinstance(drafter, sl.ModelDrafter):
+            assert max(per_step) > 1, "the early stop reads q(d) to the host"

@@ -1,16 +1,17 @@
 """Counting host synchronisations from the outside.
 
-A host synchronisation is any point where Python needs a tensor's value: `.item()`,
-`.tolist()`, `int(t)`, `float(t)`, `if t:`, `.nonzero()`, `.cpu()`, `torch.equal`...
-On CUDA each one blocks the host until the device has finished everything queued
-before it, so a loop that makes one per draft token pays K round trips per step.
-On a CPU the same calls are cheap, but they are the same calls: counting them
-here predicts the stalls on a GPU.
+A host synchronisation is any point where the host waits for the device: Python needs a
+tensor's value (`.item()`, `.tolist()`, `int(t)`, `float(t)`, `if t:`, `.nonzero()`,
+`.cpu()`, `torch.equal`, boolean-mask indexing, whose result's size is data), or a tensor is
+made from Python data or copied between devices (on CUDA a blocking copy, which waits for
+everything queued before it). A loop that makes one per draft token pays K round trips per
+step. On a CPU the same calls are cheap, but they are the same calls: counting them here
+predicts the stalls on a GPU.
 
-`count_host_syncs()` counts them with a TorchFunctionMode, which sees every torch
-function and Tensor method called inside its `with` block, so the count does not
-rely on the code under test reporting itself honestly (compare the `syncs=`
-argument of `verify_reference`, which does report itself).
+`count_host_syncs()` counts them with a TorchFunctionMode, which sees every torch function,
+factory and Tensor method called inside its `with` block, so the count does not rely on the
+code under test reporting itself honestly (compare the `syncs=` argument of
+`verify_reference`, which does report itself). `count_cuda_syncs` asks CUDA itself.
 
     with count_host_syncs() as syncs:
         verdict = verify(draft_ids, p, q, u, e)
@@ -22,11 +23,39 @@ import warnings
 import torch
 from torch.overrides import TorchFunctionMode
 
-# Tensor methods and torch functions whose result is a Python value read from the tensor's memory.
+# Tensor methods and torch functions whose result is a Python value read from the tensor's memory,
+# or whose result's size depends on the data.
 SYNC_NAMES = frozenset({
     "item", "tolist", "__int__", "__float__", "__bool__", "__index__", "__complex__",
-    "nonzero", "cpu", "numpy", "equal", "allclose", "is_nonzero",
+    "nonzero", "cpu", "numpy", "equal", "allclose", "is_nonzero", "masked_select", "unique",
 })
+# Factories that copy Python data (a list, a number) from the host into a new tensor.
+FROM_HOST = frozenset({"tensor", "as_tensor", "asarray"})
+
+
+def _device_of(args, kwargs):
+    for a in list(args[1:]) + [kwargs.get("device")]:
+        if isinstance(a, (str, torch.device)):
+            return torch.device(a)
+    return None
+
+
+def _sync_name(func, args, kwargs):
+    """The name under which a call is a host sync, or None."""
+    name = getattr(func, "__name__", "")
+    if name in SYNC_NAMES:
+        return name
+    if name in FROM_HOST and args and not isinstance(args[0], torch.Tensor):
+        return f"{name}(host data)"
+    if name in ("to", "cuda") and args and isinstance(args[0], torch.Tensor):
+        device = torch.device("cuda") if name == "cuda" else _device_of(args, kwargs)
+        if device is not None and device.type != args[0].device.type:
+            return f"{name}({device.type})"
+    if name == "__getitem__" and len(args) > 1:
+        index = args[1] if isinstance(args[1], tuple) else (args[1],)
+        if any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in index):
+            return "__getitem__(bool mask)"
+    return None
 
 
 class count_host_syncs(TorchFunctionMode):
@@ -41,10 +70,11 @@ class count_host_syncs(TorchFunctionMode):
         return len(self.calls)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        name = getattr(func, "__name__", "")
-        if name in SYNC_NAMES:
+        kwargs = kwargs or {}
+        name = _sync_name(func, args, kwargs)
+        if name is not None:
             self.calls.append(name)
-        return func(*args, **(kwargs or {}))
+        return func(*args, **kwargs)
 
 
 def is_sync_free(fn, *args, **kwargs) -> bool:

@@ -8,6 +8,12 @@ target's verdict. The engine calls, for one generation:
                                                  q (k', V) float32, or None: one-hot at the ids)
     drafter.commit(verdict, hidden)          after each step
 
+`host_syncs` counts the host reads and host-to-device copies the drafter has made so far
+(an early stop reads q(d) per drafted token; prompt lookup copies its proposal to the device):
+the engine adds what a step added to the step's own one read, so what it reports is counted
+where it happens. A drafter that keeps its tokens on the device, as ModelDrafter does with the
+verdict's device tensors, adds nothing.
+
 `needs_hidden` is a declaration, not a method: a drafter that sets it reads the
 target's final hidden states (an EAGLE-style feature draft), and the engine then
 passes them: (len(prompt) - 1, dim) to prefill, the verification forward's
@@ -27,10 +33,13 @@ from .config import SamplingConfig
 
 @dataclass
 class Verdict:
-    """What the target decided about one step's proposal, as host ints."""
+    """What the target decided about one step's proposal: host ints, and the same tokens on the
+    device, so that a drafter can feed them without copying them back."""
     drafted: list  # d_1..d_k' as proposed
     num_accepted: int  # n: d_1..d_n were accepted
     next_token: int  # the correction (n < k') or the bonus token (n = k')
+    ids: torch.Tensor | None = None  # (k',) the proposed ids on the device
+    next: torch.Tensor | None = None  # (1,) the next token on the device
 
     @property
     def k(self) -> int:
@@ -41,9 +50,17 @@ class Verdict:
         """d_1..d_n and the next token: what the step adds to the sequence (before any EOS cut)."""
         return list(self.drafted[:self.num_accepted]) + [self.next_token]
 
+    def committed_ids(self, device=None) -> torch.Tensor:
+        """`committed` as a (n + 1,) tensor: on the device with no copy where the engine gave `ids`
+        and `next`, else made from the host ints on `device` (a host-to-device copy)."""
+        if self.next is None:
+            return torch.tensor(self.committed, device=device)
+        return torch.cat([self.ids[:self.num_accepted], self.next]) if self.num_accepted else self.next
+
 
 class Drafter(Protocol):
     needs_hidden: bool
+    host_syncs: int
 
     def prefill(self, prompt_ids: list, hidden: torch.Tensor | None = None) -> None: ...
 

@@ -98,17 +98,18 @@ def autoregressive_generate(model, prompt, max_new_tokens=128, temperature=0.0, 
     cache = KVCache.for_model(model.cfg, capacity, dtype=model.dtype, device=device)
     stats, steps, out = RunStats(), [], []
     t0 = time.perf_counter()
-    logits = model(torch.tensor([ids], device=device), cache=cache, last_only=True)[0, -1]
+    logits = model(torch.tensor([ids], device=device), cache=cache, last_only=True)[0, -1]  # the prompt's one copy
     stats.prefill_seconds = time.perf_counter() - t0
     t_start = time.perf_counter()
     while True:
         t1 = time.perf_counter()
         probs = logits if temperature == 0 else logits_to_probs(logits, temperature, top_k, top_p)
-        tok = int(probs.argmax() if temperature == 0 else sample(probs, g))  # sync: one per token
+        tok_t = (probs.argmax() if temperature == 0 else sample(probs, g)).view(1, 1)  # (1, 1) on the device
+        tok = int(tok_t)  # sync: one per token
         out.append(tok)
         done = len(out) == max_new_tokens or tok in eos
         if not done:
-            logits = model(torch.tensor([[tok]], device=device), cache=cache)[0, -1]
+            logits = model(tok_t, cache=cache)[0, -1]
         rec = StepRecord(step=len(steps), k=0, drafted=[], num_accepted=0, next_token=tok, p_draft=[], q_draft=[],
                          uniforms=[], draft_seconds=0.0, target_seconds=time.perf_counter() - t1, syncs=1,
                          committed=[tok])
@@ -158,9 +159,9 @@ class Engine:
 
         t0 = time.perf_counter()
         self.cache.reset()
-        hidden = None
+        hidden, prompt = None, torch.tensor(ids, device=device)  # the prompt's one copy to the device
         if len(ids) > 1:  # the prompt but its last token, which the first step feeds as c
-            x = torch.tensor([ids[:-1]], device=device)
+            x = prompt[:-1].view(1, -1)  # (1, len - 1)
             if self.drafter.needs_hidden:
                 hidden = self.target.hidden(x, cache=self.cache)[0]  # (len - 1, dim)
             else:
@@ -170,12 +171,12 @@ class Engine:
 
         if self.controller is not None:
             self.controller.reset()  # estimates describe one generation, not the engine's lifetime
-        c = ids[-1]
+        c = prompt[-1:]  # (1,) on the device: each step's c is the last one's next token, never copied back
         t_start = time.perf_counter()
         while len(out) < max_new_tokens:
             k_step = self.controller.next_k() if self.controller is not None else k
             k_step = min(k_step, max_new_tokens - len(out) - 1)  # never draft past the budget
-            rec = self._step(c, k_step, sampling, g, len(steps))
+            rec, c = self._step(c, k_step, sampling, g, len(steps))
             rec.committed = _cut(rec.drafted[:rec.num_accepted] + [rec.next_token], max_new_tokens - len(out), eos)
             out += rec.committed
             steps.append(rec)
@@ -186,12 +187,12 @@ class Engine:
                 on_step(rec, out)
             if rec.committed[-1] in eos:
                 break
-            c = rec.next_token
         stats.seconds = time.perf_counter() - t_start
         return GenerationResult(out, _decode(self.tokenizer, out), steps, stats, ids)
 
-    def _step(self, c, k, sampling, g, step_index) -> StepRecord:
-        device = self.target.device
+    def _step(self, c, k, sampling, g, step_index) -> tuple[StepRecord, torch.Tensor]:
+        """One step from c, (1,) on the device: its record, and the next step's c, (1,) on the device."""
+        device, drafter_syncs = self.target.device, self.drafter.host_syncs
         # 1. The drafter proposes d_1..d_k (perhaps fewer) with the q each was drawn from.
         t0 = time.perf_counter()
         if k > 0:
@@ -203,7 +204,7 @@ class Engine:
         t1 = time.perf_counter()
 
         # 2. One target forward over [c, d_1..d_k]: p_1..p_{k+1} (the K+1 mask is the model's default).
-        x = torch.cat([torch.tensor([c], device=device), draft_ids]).view(1, k + 1)  # (1, K+1)
+        x = torch.cat([c, draft_ids]).view(1, k + 1)  # (1, K+1)
         base = self.cache.length
         hidden = None
         if self.drafter.needs_hidden:
@@ -222,10 +223,11 @@ class Engine:
                                                                                greedy=sampling.greedy)
         r = read_step(pack_step(verdict, draft_ids, p, q, u, sampling.greedy), k, sampling.greedy)
 
-        # 4. Commit: the target keeps c, d_1..d_n; the drafter hears the verdict.
+        # 4. Commit: the target keeps c, d_1..d_n; the drafter hears the verdict; next becomes c.
         self.cache.rollback(base + 1 + r.num_accepted)
-        self.drafter.commit(Verdict(r.drafted, r.num_accepted, r.next_token), hidden)
+        nxt = verdict[1:2]  # (1,), still on the device
+        self.drafter.commit(Verdict(r.drafted, r.num_accepted, r.next_token, draft_ids, nxt), hidden)
+        syncs = 1 + loop_syncs["count"] + self.drafter.host_syncs - drafter_syncs  # counted where they happen
         return StepRecord(step=step_index, k=k, drafted=r.drafted, num_accepted=r.num_accepted,
                           next_token=r.next_token, p_draft=r.p_draft, q_draft=r.q_draft, uniforms=r.uniforms,
-                          draft_seconds=t1 - t0, target_seconds=time.perf_counter() - t1,
-                          syncs=1 + loop_syncs["count"])
+                          draft_seconds=t1 - t0, target_seconds=time.perf_counter() - t1, syncs=syncs), nxt

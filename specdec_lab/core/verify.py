@@ -37,13 +37,19 @@ def one_hot(draft_ids, V):
 
 
 def verify_reference(draft_ids, p, q, u, e, greedy=False, syncs=None) -> torch.Tensor:
-    """The loop. Pass a dict as `syncs` to have syncs["count"] count its host reads."""
+    """The loop. Pass a dict as `syncs` to have syncs["count"] count its host syncs: each read,
+    and the copy of its verdict back to the device."""
     if q is None and not greedy:
         q = one_hot(draft_ids, p.shape[-1])
+
     def host(x, kind=float):
         if syncs is not None:
             syncs["count"] = syncs.get("count", 0) + 1
         return kind(x)  # sync: one host read
+
+    def verdict(n, token):
+        host(0, int)  # counted: the verdict is copied from the host back to the device
+        return torch.tensor([n, token], device=p.device)
 
     K = draft_ids.shape[0]
     for i in range(K):
@@ -51,7 +57,7 @@ def verify_reference(draft_ids, p, q, u, e, greedy=False, syncs=None) -> torch.T
         if greedy:
             best = host(p[i].argmax(), int)
             if best != d:
-                return torch.tensor([i, best])
+                return verdict(i, best)
             continue
         p_d, q_d, u_i = host(p[i, d]), host(q[i, d]), host(u[i])
         if q_d > 0 and u_i < min(1.0, p_d / q_d):
@@ -59,9 +65,9 @@ def verify_reference(draft_ids, p, q, u, e, greedy=False, syncs=None) -> torch.T
         residual = torch.clamp(p[i] - q[i], min=0.0)
         total = host(residual.sum())
         dist = residual / total if total > 0 else p[i]
-        return torch.tensor([i, host(_draw(dist, e), int)])
+        return verdict(i, host(_draw(dist, e), int))
     bonus = p[K].argmax() if greedy else _draw(p[K], e)
-    return torch.tensor([K, host(bonus, int)])
+    return verdict(K, host(bonus, int))
 
 
 def verify(draft_ids, p, q, u, e, greedy=False) -> torch.Tensor:

@@ -84,36 +84,38 @@ class SelfDrafter:
             raise ValueError("a self-draft shares the target's KV cache, which must be cache='contiguous'")
         self.draft, self.cache = draft, cache
         self.decoder = OneTokenDecoder(draft.target, cache, by_token=False, weights=draft.weights)
-        self.pending = None  # the last committed token: in no cache yet
+        self.pending = None  # (1,) the last committed token, in no cache yet
+        self.host_syncs = 0  # it makes none: its tokens stay tensors
 
     def reset(self):
         self.pending = None
 
     def prefill(self, prompt_ids, hidden=None):
-        self.pending = prompt_ids[-1]  # the engine has put prompt_ids[:-1] in the shared cache
+        self.pending = torch.tensor(prompt_ids[-1:])  # the engine has put prompt_ids[:-1] in the shared cache
 
     def propose(self, k, sampling, generator):
         base, tok = self.cache.length, self.pending
         ids, qs = [], []
         try:
             for i in range(k):
-                logits = self.decoder.embedded(self.draft.embedding[tok])  # writes at cache.length, advances
+                row = self.draft.embedding.index_select(0, tok)[0]  # (dim,)
+                logits = self.decoder.embedded(row)  # writes at cache.length, advances
                 d, q = draft_token(logits, sampling, generator)
                 ids.append(d)
                 if q is not None:
                     qs.append(q)
-                tok = int(d)
+                tok = d.view(1)
         finally:
             self.cache.rollback(base)  # verification writes the target's own entries there
         return torch.stack(ids), (torch.stack(qs) if qs else None)
 
     def commit(self, verdict: Verdict, hidden=None):
-        self.pending = verdict.next_token
+        self.pending = verdict.committed_ids(self.device)[-1:]
 
     def queue(self, tokens, hidden=None):
         """Committed tokens that someone else proposed (prompt lookup): verification has put all but
         the last in the shared cache already."""
-        self.pending = tokens[-1]
+        self.pending = tokens[-1:]
 
     @property
     def device(self):
@@ -145,4 +147,5 @@ class QuantizedDecoding:
             self.draft.target(tokens[:, :-1], cache=cache, last_only=True)
         if self._decoder is None or self._decoder.cache is not cache:
             self._decoder = OneTokenDecoder(self.draft.target, cache, by_token=False, weights=self.draft.weights)
-        return self._decoder.embedded(self.draft.embedding[int(tokens[0, -1])]).view(1, 1, -1)
+        row = self.draft.embedding.index_select(0, tokens[0, -1:])[0]  # (dim,): no read to the host
+        return self._decoder.embedded(row).view(1, 1, -1)

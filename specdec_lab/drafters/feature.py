@@ -99,7 +99,9 @@ class FeatureDrafter:
     commit(verdict, hidden)      hidden (k + 1, dim): the verification forward's states
 
     Cache invariant, like ModelDrafter's: the cache holds entries with true states for every
-    committed token except those in `pending` (token, state) pairs, fed at the next proposal.
+    committed token except the pending ones (`pending_tokens` (T,) on the device, `pending_feats`
+    their states), fed at the next proposal. The early stop reads q(d) to the host per drafted
+    token (counted in `host_syncs`); nothing else leaves the device.
     """
     needs_hidden = True
 
@@ -109,7 +111,8 @@ class FeatureDrafter:
             raise ValueError(f"stop_below must be None or a number in (0, 1), got {stop_below!r}")
         self.model, self.stop_below = model, stop_below  # as ModelDrafter's: stop after an unsure token
         self.cache = cache_factory(model.body.cfg, capacity, dtype=model.dtype, device=model.device)
-        self.pending_tokens, self.pending_feats = [], []
+        self.host_syncs = 0
+        self.reset()
 
     @property
     def device(self):
@@ -117,28 +120,28 @@ class FeatureDrafter:
 
     def reset(self):
         self.cache.reset()
-        self.pending_tokens, self.pending_feats = [], []
+        self.pending_tokens = torch.empty(0, dtype=torch.long, device=self.model.device)
+        self.pending_feats = []
 
     def prefill(self, prompt_ids, hidden=None):
         """Entry j = (t_j, f_{j-1}) for j >= 1; entry 0 has no state before it and is left out."""
         feats = hidden
         self.reset()
-        dev = self.model.device
+        prompt = torch.tensor(prompt_ids, device=self.model.device)  # the prompt's one copy to the device
         if len(prompt_ids) > 2:
-            self.model(torch.tensor([prompt_ids[1:-1]], device=dev), feats[None, :-1], cache=self.cache,
+            self.model(prompt[1:-1].view(1, -1), feats[None, :-1], cache=self.cache,
                        last_only=True)  # only the cache matters here
         if len(prompt_ids) > 1:
-            self.pending_tokens, self.pending_feats = [prompt_ids[-1]], [feats[-1]]
+            self.pending_tokens, self.pending_feats = prompt[-1:], [feats[-1]]
 
     def _feed(self, tokens, feats):
-        """Feed entries (tokens[i], feats[i]) to the cache: the last one's (estimated state (dim,), logits (V,))."""
-        tok = tokens.view(1, -1) if torch.is_tensor(tokens) else torch.tensor([tokens], device=self.model.device)
-        h, logits = self.model(tok, torch.stack(feats)[None], cache=self.cache, last_only=True)
+        """Feed entries (tokens[i] (T,), feats[i]) to the cache: the last one's (estimated state (dim,), logits (V,))."""
+        h, logits = self.model(tokens.view(1, -1), torch.stack(feats)[None], cache=self.cache, last_only=True)
         return h[0, -1], logits[0, -1]  # pending rows: the head runs on the last one only
 
     def propose(self, k, sampling, generator):
         dev = self.model.device
-        if not self.pending_tokens:  # a one-token prompt: no state to read yet; propose nothing
+        if len(self.pending_tokens) == 0:  # a one-token prompt: no state to read yet; propose nothing
             return torch.empty(0, dtype=torch.long, device=dev), None
         tokens, feats = self.pending_tokens, self.pending_feats
         ids, qs = [], []
@@ -148,27 +151,32 @@ class FeatureDrafter:
             if not sampling.greedy:
                 qs.append(q)
             ids.append(d)
-            if i + 1 == k or (self.stop_below is not None and float(q[d]) < self.stop_below):
-                break  # d_k (or the unsure token) is never fed: the cache holds pending + d_1..d_{k-1}
+            if i + 1 == k:
+                break  # d_k is never fed: the cache holds pending + d_1..d_{k-1}
+            if self.stop_below is not None:
+                self.host_syncs += 1
+                if float(q[d]) < self.stop_below:  # sync: one per drafted token, the price of the early stop
+                    break  # neither is the unsure token
             tokens, feats = d.view(1), [h]  # the next entry reads the draft's own estimate
         return torch.stack(ids), (torch.stack(qs) if qs else None)
 
     def queue(self, tokens, hidden=None):
-        """Committed tokens that someone else proposed (prompt lookup), with the target's states
-        from the forward that verified them (hidden[i] predicted tokens[i]): fed with the next proposal."""
-        self.pending_tokens = self.pending_tokens + list(tokens)
+        """Committed tokens (n,) on the device that someone else proposed (prompt lookup), with the
+        target's states from the forward that verified them (hidden[i] predicted tokens[i]): fed with
+        the next proposal."""
+        self.pending_tokens = torch.cat([self.pending_tokens, tokens])
         self.pending_feats = self.pending_feats + list(hidden[:len(tokens)])
 
     def commit(self, verdict: Verdict, hidden=None):
         """Keep the entries of the old pending tokens (true states); drop those of d_1..d_{k-1}
         (estimated states); pend d_1..d_n and the next token with the target's true states."""
-        k, drafted, num_accepted, next_token = verdict.k, verdict.drafted, verdict.num_accepted, verdict.next_token
-        if k > 0 and self.pending_tokens:  # k is what was proposed, after any early stop
+        k, n = verdict.k, verdict.num_accepted
+        if k > 0 and len(self.pending_tokens):  # k is what was proposed, after any early stop
             fed = len(self.pending_tokens) + k - 1
             self.cache.rollback(self.cache.length - fed + len(self.pending_tokens))
-            self.pending_tokens, self.pending_feats = [], []
-        self.pending_tokens = self.pending_tokens + drafted[:num_accepted] + [next_token]
-        self.pending_feats = self.pending_feats + list(hidden[:num_accepted + 1])
+            self.pending_tokens, self.pending_feats = self.pending_tokens[:0], []
+        self.pending_tokens = torch.cat([self.pending_tokens, verdict.committed_ids(self.model.device)])
+        self.pending_feats = self.pending_feats + list(hidden[:n + 1])
 
 
 # ----------------------------------------------------------------------------- saving and loading

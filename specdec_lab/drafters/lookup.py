@@ -1,5 +1,4 @@
 """Prompt lookup in front of any drafter: copy where the context repeats, draft elsewhere."""
-import torch
 
 from ..core.drafter import Verdict
 from .ngram import NGramDrafter
@@ -27,6 +26,10 @@ class LookupDrafter:
         self.source = None  # who proposed the current step: "lookup" or "model"
         self.lookup_steps = self.model_steps = 0
 
+    @property
+    def host_syncs(self) -> int:
+        return self.lookup.host_syncs + self.model.host_syncs
+
     def reset(self):
         self.model.reset()
         self.lookup.reset()
@@ -38,10 +41,10 @@ class LookupDrafter:
         self.source = None
 
     def propose(self, k, sampling, generator):
-        copied = self.lookup.lookup(k)
-        if copied:
+        draft_ids, q = self.lookup.propose(k, sampling, generator)
+        if len(draft_ids):
             self.source, self.lookup_steps = "lookup", self.lookup_steps + 1
-            return torch.tensor(copied, dtype=torch.long, device=self.lookup.device), None
+            return draft_ids, q
         self.source, self.model_steps = "model", self.model_steps + 1
         return self.model.propose(k, sampling, generator)
 
@@ -50,5 +53,5 @@ class LookupDrafter:
         if self.source == "model":
             self.model.commit(verdict, hidden)
         else:  # a copied step, or one with nothing drafted: the model saw none of it; queue it
-            self.model.queue(verdict.committed, hidden)
+            self.model.queue(verdict.committed_ids(self.model.device), hidden)
         self.source = None

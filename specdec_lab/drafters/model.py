@@ -21,8 +21,9 @@ class ModelDrafter:
     it: q(d) when sampling, its softmax at temperature 1 when greedy (q is one-hot
     there). An unsure draft is usually wrong, and every further token would cost a
     draft forward and a verification row for little chance of acceptance; k becomes
-    a ceiling. It reads one number per draft token to the host: on CUDA that is a
-    sync per token.
+    a ceiling. It reads one number per drafted token to the host: on CUDA a sync per
+    token, counted in `host_syncs`. Without it the drafter makes none: its pending
+    tokens are the verdict's device tensors.
     """
     needs_hidden = False
 
@@ -32,17 +33,19 @@ class ModelDrafter:
             raise ValueError(f"stop_below must be None or a number in (0, 1), got {stop_below!r}")
         self.model, self.stop_below = model, stop_below
         self.cache = cache_factory(model.cfg, capacity, dtype=model.dtype, device=model.device)
-        self.pending = []  # committed tokens the draft's cache has not seen yet
+        self.host_syncs = 0  # host reads and copies so far (the early stop's)
+        self.reset()
 
     def reset(self):
         self.cache.reset()
-        self.pending = []
+        self.pending = torch.empty(0, dtype=torch.long, device=self.model.device)  # (T,) committed, not in the cache
 
     def prefill(self, prompt_ids, hidden=None):
         self.reset()
+        prompt = torch.tensor(prompt_ids, device=self.model.device)  # the prompt's one copy to the device
         if len(prompt_ids) > 1:
-            self.model(torch.tensor([prompt_ids[:-1]], device=self.model.device), cache=self.cache, last_only=True)
-        self.pending = [prompt_ids[-1]]
+            self.model(prompt[:-1].view(1, -1), cache=self.cache, last_only=True)
+        self.pending = prompt[-1:]
 
     def _feed(self, x):
         """Feed tokens x (1, T) to the draft's cache; its logits (V,) after the last one."""
@@ -50,7 +53,7 @@ class ModelDrafter:
 
     def propose(self, k, sampling, generator):
         device = self.model.device
-        x = torch.tensor([self.pending], device=device)  # (1, T): 1 or 2 tokens, more after lookup steps
+        x = self.pending.view(1, -1)  # (1, T): 1 or 2 tokens, more after lookup steps
         ids, qs = [], []
         for i in range(k):
             d, q = draft_token(self._feed(x), sampling, generator, self.stop_below is not None)
@@ -58,8 +61,10 @@ class ModelDrafter:
                 qs.append(q)
             ids.append(d)
             x = d.view(1, 1)
-            if self.stop_below is not None and i + 1 < k and float(q[d]) < self.stop_below:
-                break
+            if self.stop_below is not None and i + 1 < k:
+                self.host_syncs += 1
+                if float(q[d]) < self.stop_below:  # sync: one per drafted token, the price of the early stop
+                    break
         draft_ids = torch.stack(ids) if ids else torch.empty(0, dtype=torch.long, device=device)
         q = torch.stack(qs) if qs else None
         return draft_ids, q
@@ -69,15 +74,17 @@ class ModelDrafter:
         return self.model.device
 
     def queue(self, tokens, hidden=None):
-        """Committed tokens that someone else proposed (prompt lookup): fed with the next proposal."""
-        self.pending = self.pending + list(tokens)
+        """Committed tokens (n,) on the device that someone else proposed (prompt lookup): fed with
+        the next proposal."""
+        self.pending = torch.cat([self.pending, tokens])
 
     def commit(self, verdict: Verdict, hidden=None):
         k, n = verdict.k, verdict.num_accepted
+        committed = verdict.committed_ids(self.model.device)  # d_1..d_n, next: (n + 1,) on the device
         if k == 0:
-            self.pending = self.pending + [verdict.next_token]
+            self.pending = torch.cat([self.pending, committed])
         elif n < k:  # the cache holds pending + d_1..d_{k-1}; keep pending + d_1..d_n
             self.cache.rollback(self.cache.length - (k - 1) + n)
-            self.pending = [verdict.next_token]
+            self.pending = committed[-1:]
         else:
-            self.pending = [verdict.drafted[-1], verdict.next_token]  # d_k was never fed to the draft
+            self.pending = committed[-2:]  # d_k, next: d_k was never fed to the draft

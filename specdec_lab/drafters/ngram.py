@@ -55,6 +55,7 @@ class NGramDrafter:
             raise ValueError(f"min_ngram ({min_ngram}) must not exceed max_ngram ({max_ngram})")
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
         self.device = torch.device(device)
+        self.host_syncs = 0  # copies of proposals from the host to the device so far
         self.reset()
 
     def reset(self):
@@ -87,8 +88,11 @@ class NGramDrafter:
         return []
 
     def propose(self, k, sampling, generator):
-        draft_ids = torch.tensor(self.lookup(k), dtype=torch.long, device=self.device)  # (k',), k' in {0, k}
-        return draft_ids, None
+        copied = self.lookup(k)  # k or 0 host ints: the index lives on the host
+        if not copied:
+            return torch.empty(0, dtype=torch.long, device=self.device), None
+        self.host_syncs += 1
+        return torch.tensor(copied, device=self.device), None  # sync: the proposal's copy to the device
 
     def commit(self, verdict: Verdict, hidden=None):
         self._extend(verdict.committed)

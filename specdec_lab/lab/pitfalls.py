@@ -47,7 +47,7 @@ class GreedyDraftSampledQ(ModelDrafter):
     The fix is to return q = None (one-hot), which the engine verifies correctly."""
 
     def propose(self, k, sampling, generator):
-        x = torch.tensor([self.pending], device=self.model.device)  # (1, T)
+        x = self.pending.view(1, -1)  # (1, T)
         ids, qs = [], []
         for _ in range(k):
             logits = self.model(x, cache=self.cache, last_only=True)[0, -1]  # (V,)
@@ -75,18 +75,19 @@ class SeedDraftCache(ModelDrafter):
         self.committed = list(prompt_ids[:-1])
 
     def commit(self, verdict, hidden=None):
-        k, drafted, num_accepted, next_token = verdict.k, verdict.drafted, verdict.num_accepted, verdict.next_token
+        k, drafted, num_accepted = verdict.k, verdict.drafted, verdict.num_accepted
         if k == 0:
             return super().commit(verdict)
-        fed = self.pending + list(drafted[:k - 1])  # what propose() wrote: pending, d_1..d_{k-1}
+        pending = self.pending.tolist()  # host ids for the bookkeeping below (a broken drafter, for teaching)
+        fed = pending + list(drafted[:k - 1])  # what propose() wrote: pending, d_1..d_{k-1}
         start = self.cache.length - len(fed)
-        self.committed += self.pending + list(drafted[:num_accepted])
+        self.committed += pending + list(drafted[:num_accepted])
         # The article's: draft_kv.rollback(current_len - k + accepted), and only the next token is fed.
         # With one pending token that keeps [c, d_1..d_{a-1}]: d_a (or c when a = 0) is lost.
         keep = self.cache.length - k + num_accepted
         self.cache.rollback(keep)
         self.seen = self.seen[:start] + fed[:keep - start]
-        self.pending = [next_token]
+        self.pending = verdict.committed_ids(self.model.device)[-1:]  # only the next token
 
 
 def draft_lag(engine) -> int:

@@ -199,6 +199,8 @@ class PagedSequenceCache:
         self._rows = torch.zeros(Hkv, blocks_for(capacity, P) * P, dtype=torch.long,
                                  device=paged.k.device)  # (Hkv, S rounded up to blocks): row of each position
         self._indexed = 0  # blocks of the table whose positions _rows holds
+        zero = torch.zeros(P, dtype=torch.long, device=paged.k.device)
+        self._block0 = paged.rows(zero, torch.arange(P, device=paged.k.device))  # (Hkv, P): block 0's rows
 
     @classmethod
     def for_model(cls, cfg, capacity, batch_size=1, dtype=torch.float32, device="cpu", block_size=16):
@@ -225,12 +227,13 @@ class PagedSequenceCache:
                 f"cache overflow: length {self.length} + {T} new positions > capacity {self.capacity}")
 
     def _index_new_blocks(self):
-        """Extend the per-position row index over the blocks the table gained."""
+        """Extend the per-position row index over the blocks the table gained. Block b's rows are
+        block 0's plus b * Hkv * P: the host's block id enters as a scalar operand, so a new block
+        costs no copy from the host (a decode step crosses into one every P / (K + 1) steps or so)."""
         table, P = self.paged.tables[self.seq], self.paged.block_size
-        if len(table) > self._indexed:
-            ids = torch.tensor(table[self._indexed:], dtype=torch.long, device=self._rows.device)  # (new,)
-            offset = torch.arange(P, device=ids.device).repeat(len(ids))  # (new * P,)
-            self._rows[:, self._indexed * P:len(table) * P] = self.paged.rows(ids.repeat_interleave(P), offset)
+        stride = self.paged.k.shape[2] * P  # Hkv * P rows per block
+        for j in range(self._indexed, len(table)):
+            self._rows[:, j * P:(j + 1) * P] = self._block0 + table[j] * stride  # (Hkv, P)
         self._indexed = len(table)
 
     def reserve(self, T: int):
