@@ -8,8 +8,8 @@
                                          lookup with SelfDraft(lookup=True)
     anything with `propose`           -> used as it is (a drafter of core/drafter.py's protocol)
 
-`load_pair` / `load_default_pair` load a target and a draft that share a tokenizer and,
-on the CPU, make both fast with cpu.accelerate (accelerate=False keeps the plain forward).
+`load_pair` / `load_default_pair` load a target and a draft that share a tokenizer and, on
+the CPU, give out their fast twins (cpu.accelerated; accelerate=False gives the plain models).
 """
 import copy
 
@@ -51,7 +51,8 @@ def _model_drafter(draft, capacity, factory=KVCache.for_model, stop_below=None):
         if stop_below is not None:
             raise ValueError("stop_below applies to a draft model, not to a drafter built already")
         return draft
-    raise TypeError(f"draft must be a Transformer, a FeatureDraft or a drafter, got {type(draft).__name__}")
+    raise TypeError(f"draft must be a Transformer, a FeatureDraft, a SelfDraft or a drafter with propose and "
+                    f"commit, got {type(draft).__name__}")
 
 
 def make_drafter(target, draft, capacity, factory=KVCache.for_model, target_cache=None):
@@ -62,20 +63,13 @@ def make_drafter(target, draft, capacity, factory=KVCache.for_model, target_cach
                              "engine's target")
         drafter = SelfDrafter(draft, target_cache)
         return LookupDrafter(drafter) if draft.lookup else drafter
-    if isinstance(draft, FeatureDraft):
-        if draft.state_width != target.cfg.dim:
-            raise ValueError(f"the feature draft reads states of width {draft.state_width}; the target's are "
-                             f"{target.cfg.dim}: build the draft for this target")
-        return FeatureDrafter(draft, capacity, factory)
-    if isinstance(draft, Transformer):
-        if draft.cfg.vocab_size != target.cfg.vocab_size:
-            raise ValueError(f"draft vocabulary ({draft.cfg.vocab_size}) differs from the target's "
-                             f"({target.cfg.vocab_size}); the draft must share the target's tokenizer")
-        return ModelDrafter(draft, capacity, factory)
-    if callable(getattr(draft, "propose", None)):
-        return draft
-    raise TypeError(f"draft must be a Transformer, a FeatureDraft, a SelfDraft or a drafter with propose/commit, "
-                    f"got {type(draft).__name__}")
+    if isinstance(draft, FeatureDraft) and draft.state_width != target.cfg.dim:
+        raise ValueError(f"the feature draft reads states of width {draft.state_width}; the target's are "
+                         f"{target.cfg.dim}: build the draft for this target")
+    if isinstance(draft, Transformer) and draft.cfg.vocab_size != target.cfg.vocab_size:
+        raise ValueError(f"draft vocabulary ({draft.cfg.vocab_size}) differs from the target's "
+                         f"({target.cfg.vocab_size}); the draft must share the target's tokenizer")
+    return _model_drafter(draft, capacity, factory)
 
 
 class SpeculativeEngine(Engine):
