@@ -56,7 +56,8 @@ class FusedForward:
                  "int4": kernels.has_int4}[weights]
         grouped = weights != "int4" or all(m.weight.shape[0] % kernels.INT4_GROUP == 0
                                            and m.weight.shape[0] <= kernels.INT4_MAX_K for m in linears)
-        return (built() and model.dtype == torch.float32 and model.device.type == "cpu"
+        # The device first: on CUDA the kernel library is never built
+        return (model.device.type == "cpu" and model.dtype == torch.float32 and built()
                 and all(m.bias is None and m.weight.is_contiguous() for m in linears) and grouped)
 
     @staticmethod
