@@ -83,15 +83,15 @@ def test_fast_linear_takes_the_panel_kernel_at_one_thread_and_follows_weight_cha
     x = torch.randn(1, 3, 64)
     with torch.no_grad():
         assert torch.allclose(lin(x), x @ lin.weight + lin.bias, atol=1e-4)
-        first = _PANELS.get(lin, {}).get(torch.float32)
+        first = _PANELS.get(lin.weight, {}).get(torch.float32)
         assert first is not None, "a few-row float32 product must go through the panel copy"
         lin.weight.mul_(-1)
         assert torch.allclose(lin(x), x @ lin.weight + lin.bias, atol=1e-4), "a stale panel copy was used"
-        assert _PANELS[lin][torch.float32] is not first
+        assert _PANELS[lin.weight][torch.float32] is not first
         many = torch.randn(1, kernels.MAX_ROWS + 1, 64)  # prefill: not the panel kernel
-        _PANELS.pop(lin)
+        _PANELS.pop(lin.weight)
         assert torch.allclose(lin(many), many @ lin.weight + lin.bias, atol=1e-4)
-        assert lin not in _PANELS
+        assert lin.weight not in _PANELS
     y = lin(x).sum()  # training: the plain product, which has a backward
     y.backward()
     assert lin.weight.grad is not None
@@ -123,7 +123,7 @@ def test_switched_off_or_without_a_compiler_the_model_still_runs(tmp_path):
             "    lin = Linear(8, 8); torch.nn.init.normal_(lin.weight); x = torch.randn(1, 8)\n"
             "    fast = FastLinear(lin)\n"
             "    with torch.no_grad(): y = fast(x)\n"
-            "print(kernels.available(), torch.allclose(y, x @ lin.weight), fast not in _PANELS,"
+            "print(kernels.available(), torch.allclose(y, x @ lin.weight), lin.weight not in _PANELS,"
             " any('panel kernel is unavailable' in str(m.message) for m in w))\n")
     off = _run(code, SPECDEC_LAB_KERNELS="0")
     assert off.returncode == 0, off.stderr
@@ -514,10 +514,16 @@ def test_accelerate_swaps_the_modules_once_and_eager_undoes_it_for_a_block():
         accelerate(m)  # a second call finds nothing left to swap
         assert [type(mod) for mod in m.modules()] == kinds and FastLinear in kinds and FastRMSNorm in kinds
         assert is_accelerated(m) and torch.allclose(m(x), want, atol=1e-4)
+        panels = {id(w): dict(_PANELS.get(w, {})) for w in (mod.weight for mod in m.modules()
+                                                                 if isinstance(mod, Linear))}
         with eager(m):
             assert not is_accelerated(m) and m.fast_rows is None
             assert torch.equal(m(x), want), "inside eager() the model must be the plain one"
         assert is_accelerated(m) and m.fast_rows is not None
+        assert torch.allclose(m(x), want, atol=1e-4)
+        for w in (mod.weight for mod in m.modules() if isinstance(mod, Linear)):
+            for dtype, copy in panels[id(w)].items():
+                assert _PANELS[w][dtype] is copy, "eager() must not make the weights be packed again"
     with pytest.raises(ValueError, match="weights must be one of"):
         accelerate(m, weights="int3")
     with pytest.raises(TypeError, match="model must be a specdec_lab Transformer"):

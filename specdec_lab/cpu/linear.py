@@ -8,9 +8,8 @@ it. `FastRMSNorm` normalises a few rows in one call. Each copy of W is built on 
 rebuilt whenever W changes. Neither copy has a backward, so a weight being trained takes the
 plain product. What each bought, measured: docs/benchmarks.md.
 """
-import weakref
-
 import torch
+from torch.utils.weak import WeakIdKeyDictionary
 
 from ..core.model import Linear, RMSNorm
 from . import build as kernels
@@ -26,9 +25,10 @@ CAN_PACK_BF16 = (HAVE_PACKING and hasattr(_MKLDNN, "_is_mkldnn_bf16_supported")
                  and bool(_MKLDNN._is_mkldnn_bf16_supported()))
 PACK_ROWS_HINT = 5  # the row count oneDNN tunes its layout for; it serves any row count
 
-# Each module's panel copies: {dtype: ((data_ptr, version) of W, panels)}. Kept beside the module,
-# not in it, so that copying or saving a model copies none of them.
-_PANELS = weakref.WeakKeyDictionary()
+# Each weight's panel copies: {dtype: ((data_ptr, version) of W, panels)}. Kept beside the weight,
+# not in a module, so that copying or saving a model copies none of them, and keyed by the weight,
+# so that a plain module and its fast twin (which share it), and eager()'s swaps, share them too.
+_PANELS = WeakIdKeyDictionary()
 
 
 def panel_weight(linear: Linear, dtype=torch.float32) -> torch.Tensor:
@@ -37,7 +37,7 @@ def panel_weight(linear: Linear, dtype=torch.float32) -> torch.Tensor:
     its version counter (Tensor._version, bumped by every in-place write)."""
     w = linear.weight
     key = (w.data_ptr(), w._version)
-    copies = _PANELS.setdefault(linear, {})
+    copies = _PANELS.setdefault(w, {})
     cached = copies.get(dtype)
     if cached is None or cached[0] != key:
         cached = copies[dtype] = (key, kernels.pack(w, dtype))
