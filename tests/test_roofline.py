@@ -193,3 +193,47 @@ def test_bytes_per_token_takes_a_mean_context():
     assert half - whole == pytest.approx(0.5 * rf.kv_bytes_per_position(cfg, 4))
     with pytest.raises(ValueError, match="context"):
         rf.bytes_per_token(cfg, -1.0, 4)
+
+
+# --------------------------------------------------------------------------- batches and launches
+
+def test_a_batch_reads_the_weights_once_and_each_cache_once():
+    hw = rf.HARDWARE["H200"]
+    cfg = rf.LLAMA_3_8B
+    one = rf.batch_forward_seconds(cfg, 1, 1, hw.peak_flops, hw.bandwidth, context=512)
+    assert one == pytest.approx(rf.forward_seconds(cfg, 1, hw.peak_flops, hw.bandwidth, context=512))
+    eight = rf.batch_forward_seconds(cfg, 8, 1, hw.peak_flops, hw.bandwidth, context=512)
+    kv = 512 * rf.kv_bytes_per_position(cfg)
+    assert eight - one == pytest.approx(7 * kv / hw.bandwidth), "seven more caches, the same weights"
+
+
+def test_batch_speedup_at_batch_one_is_theorem_3_8_with_the_byte_ratio():
+    hw = rf.HARDWARE["H200"]
+    c = rf.streamed_params(rf.LLAMA_3_2_1B) / rf.streamed_params(rf.LLAMA_3_8B)
+    for alpha, k in ((0.6, 2), (0.8, 4)):
+        got = rf.batch_speedup(alpha, k, 1, rf.LLAMA_3_8B, rf.LLAMA_3_2_1B, hw.peak_flops, hw.bandwidth)
+        assert got == pytest.approx(rf.expected_speedup(alpha, k, c)), "memory-bound: verification costs one read"
+
+
+def test_batch_speedup_falls_with_the_batch_and_turns_into_a_loss_past_the_critical_batch():
+    hw = rf.HARDWARE["H200"]
+    s = [rf.batch_speedup(0.7, 4, b, rf.LLAMA_3_8B, rf.LLAMA_3_2_1B, hw.peak_flops, hw.bandwidth)
+         for b in (1, 16, 64, 256, 1024)]
+    assert all(a >= b for a, b in zip(s, s[1:])), s
+    assert s[0] > 1.5 and s[-1] < 1.0, s
+    critical = rf.critical_batch_size(hw.peak_flops, hw.bandwidth)
+    below = int(critical // 5) - 1  # B(K+1) below the critical batch: verification still rides the read
+    assert rf.batch_speedup(0.7, 4, below, rf.LLAMA_3_8B, rf.LLAMA_3_2_1B, hw.peak_flops, hw.bandwidth) \
+        == pytest.approx(s[0])
+
+
+def test_launch_bound_time_is_the_slower_of_host_and_device():
+    assert rf.launch_bound_seconds(3e-3, 1000, 5e-6) == pytest.approx(5e-3), "eager: the host sets the pace"
+    assert rf.launch_bound_seconds(3e-3, 100, 5e-6) == pytest.approx(3e-3), "few launches: the device does"
+    assert rf.launch_bound_seconds(3e-3, 1000, 0.0, 1e-6) == pytest.approx(4e-3), "graphed: only the gaps remain"
+    for kwargs, name in (({"launches": -1}, "launches"), ({"host_per_launch": -1.0}, "host_per_launch")):
+        args = {"device_seconds": 1e-3, "launches": 10, "host_per_launch": 1e-6, **kwargs}
+        with pytest.raises(ValueError, match=name):
+            rf.launch_bound_seconds(**args)
+    with pytest.raises(ValueError, match="batch"):
+        rf.batch_forward_seconds(rf.LLAMA_3_8B, 0, 1, 1e15, 1e12)

@@ -113,7 +113,10 @@ LLAMA_3_70B = ModelConfig(vocab_size=128256, dim=8192, n_layers=80, n_heads=64, 
                           intermediate_size=28672, rope_theta=500000.0, tie_embeddings=False)
 LLAMA_3_8B = ModelConfig(vocab_size=128256, dim=4096, n_layers=32, n_heads=32, n_kv_heads=8, head_dim=128,
                          intermediate_size=14336, rope_theta=500000.0, tie_embeddings=False)
+LLAMA_3_2_1B = ModelConfig(vocab_size=128256, dim=2048, n_layers=16, n_heads=32, n_kv_heads=8, head_dim=64,
+                           intermediate_size=8192, rope_theta=500000.0, tie_embeddings=True)
 SMOLLM2_135M = ModelConfig()  # the defaults are SmolLM2-135M's shape
+# Llama-3.1-8B has LLAMA_3_8B's shape (only its rope scaling differs), so the same config serves both.
 
 
 # --------------------------------------------------------------------------- bytes and FLOPs per token
@@ -243,3 +246,53 @@ def hardware_rows(model, context: int = 0, bytes_per_param: float = 2.0, hardwar
             "devices_needed": devices_needed(model, hw.memory_bytes, bytes_per_param),
         })
     return rows
+
+
+# --------------------------------------------------------------------------- batches and launches
+
+
+def batch_forward_seconds(model, batch: int, tokens: int, peak_flops: float, bandwidth: float, context: int = 0,
+                          bytes_per_param: float = 2.0) -> float:
+    """Roofline time of one forward over `tokens` new tokens for each of `batch` sequences, each
+    after `context` cached positions: the weights are read once for the whole batch, each
+    sequence's cache once, and the work is batch x tokens tokens' FLOPs. Verifying K drafts for
+    B requests is batch=B, tokens=K+1: B(K+1) tokens share one read of the weights, which is
+    nearly free until B(K+1) nears the critical batch."""
+    _check_int("batch", batch, 1)
+    _check_int("tokens", tokens, 1)
+    moved = bytes_per_token(model, 0, bytes_per_param)
+    if context:
+        moved += batch * (bytes_per_token(model, context, bytes_per_param) - moved)
+    work = batch * tokens * flops_per_token(model, context)
+    return max(moved / bandwidth, work / peak_flops)
+
+
+def batch_speedup(alpha: float, k: int, batch: int, target, draft, peak_flops: float, bandwidth: float,
+                  context: int = 0, bytes_per_param: float = 2.0) -> float:
+    """Theorem 3.8 (arXiv 2211.17192) at batch B with the roofline's costs: every request drafts
+    K tokens (K draft forwards at batch B), the target verifies B(K+1) tokens in one forward,
+    and the baseline decodes B tokens per target forward. Returns the expected tokens/s of
+    speculative decoding over autoregressive decoding at the same batch; it falls below 1
+    once verification, no longer free, costs more than the accepted drafts save."""
+    def t(model, tokens):
+        return batch_forward_seconds(model, batch, tokens, peak_flops, bandwidth, context, bytes_per_param)
+
+    base = t(target, 1)
+    c, verify_cost = t(draft, 1) / base, t(target, k + 1) / base
+    return expected_speedup(alpha, k, c, verify_cost)
+
+
+def launch_bound_seconds(device_seconds: float, launches: int, host_per_launch: float,
+                         gap_per_kernel: float = 0.0) -> float:
+    """A forward's time when each of its `launches` kernels costs the host `host_per_launch`
+    seconds to issue (eager PyTorch: Python, the dispatcher, the driver) and the device
+    `gap_per_kernel` between kernels. The host queues kernels while the device works, so the
+    slower of the two sets the pace: max(device + launches x gap, launches x host). A CUDA
+    graph issues the whole forward in one launch: host_per_launch ~ 0, the gaps remain."""
+    if not device_seconds >= 0:
+        raise ValueError(f"device_seconds must be >= 0, got {device_seconds!r}")
+    _check_int("launches", launches, 0)
+    for name, v in (("host_per_launch", host_per_launch), ("gap_per_kernel", gap_per_kernel)):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0:
+            raise ValueError(f"{name} must be a number of seconds >= 0, got {v!r}")
+    return max(device_seconds + launches * gap_per_kernel, launches * host_per_launch)
