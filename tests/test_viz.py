@@ -217,3 +217,55 @@ def test_agreement_figure_draws_a_line_per_cost_the_goal_and_the_shipped_draft()
     assert fig.data[2].x == (0.45,) and fig.data[2].y == (1.59,)
     assert [shape.y0 for shape in fig.layout.shapes] == [2.0]
     assert len(_pure(lambda: viz.agreement_figure(agreements, {"c": [1, 2, 3]}, goal=1.5)).data) == 1
+
+
+# --------------------------------------------------------------------------- static figures (real kaleido, real browser)
+
+
+def _png_size(data):
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
+    return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")  # the IHDR chunk
+
+
+def test_png_draws_the_figure_at_the_asked_size_and_a_different_figure_differently():
+    bars = go.Figure(go.Bar(x=["a", "b"], y=[3, 4]), layout=dict(title="bars", height=300))
+    line = go.Figure(go.Scatter(x=[1, 2, 3], y=[3, 1, 2]), layout=dict(title="line", height=300))
+    first = viz.png(bars, width=640)
+    assert _png_size(first) == (640, 300), "width asked, height the figure's own"
+    assert _png_size(viz.png(bars, width=400, height=200, scale=2)) == (800, 400), "layout pixels times scale"
+    assert viz.png(line, width=640) != first, "a different figure must give a different picture"
+
+
+def test_figure_bundle_stores_plotly_json_a_png_and_a_stable_text():
+    import base64
+    fig = viz.cache_drift_figure({"ok": [4, 4]}, {"ok": [0, 0]})
+    bundle = viz.figure_bundle(fig, width=500)
+    assert set(bundle) == {"application/vnd.plotly.v1+json", "image/png", "text/plain"}
+    assert _png_size(base64.b64decode(bundle["image/png"]))[0] == 500
+    assert bundle["application/vnd.plotly.v1+json"]["data"][0]["y"] == [4, 4]
+    assert bundle["text/plain"] == f"<figure: {fig.layout.title.text or 'untitled'}>", "nbval compares this text"
+
+
+@pytest.mark.parametrize("kwargs, name", [({"width": 0}, "width"), ({"height": -5}, "height"),
+                                          ({"scale": "big"}, "scale")])
+def test_png_rejects_bad_sizes_naming_the_parameter(kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        viz.png(go.Figure(), **kwargs)
+
+
+def test_png_rejects_what_is_not_a_figure():
+    with pytest.raises(ValueError, match="fig must be a plotly go.Figure, got dict"):
+        viz.png({"data": []})
+
+
+def test_browser_path_names_a_missing_browser(monkeypatch, tmp_path):
+    monkeypatch.setenv("BROWSER_PATH", str(tmp_path / "no-such-browser"))
+    with pytest.raises(RuntimeError, match="BROWSER_PATH=.*no-such-browser.*is not an executable"):
+        viz.browser_path()
+
+
+def test_browser_path_says_how_to_get_a_browser_when_none_is_on_path(monkeypatch, tmp_path):
+    monkeypatch.delenv("BROWSER_PATH", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(RuntimeError, match="none of chromium, .* is on PATH: install one"):
+        viz.browser_path()
