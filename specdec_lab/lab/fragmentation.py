@@ -3,11 +3,19 @@
 `simulate_fragmentation` runs one workload of requests through a contiguous design
 (each request reserves its maximum length up front) and a paged one (blocks of P
 tokens taken as a sequence grows, and speculative lookahead rolled back).
+
+A step is not a unit of time: one that verifies 60 requests reads 60 caches and does 60
+times the work of one that verifies one. Each step is therefore also priced by the
+roofline (analysis/roofline.py) on a stated model and device: the weights read once, the
+KV slots the step's attention reads, and the FLOPs of its prefill and K+1 verification
+tokens, whichever is slower. The designs are compared in modelled seconds, not steps.
 """
 import math
 import random
 from dataclasses import dataclass, field
 
+from ..analysis import roofline as rf
+from ..core.config import ModelConfig
 from ..paged.allocator import BlockAllocator, _check_int, blocks_for
 
 
@@ -33,6 +41,32 @@ class DesignTrace:
     mean_concurrent: float = 0.0  # mean of `running` over the steps where requests were waiting
     max_concurrent: int = 0
     steps: int = 0  # engine steps until the last request finished
+    step_seconds: list[float] = field(default_factory=list)  # each step priced by the roofline (StepCost)
+    seconds: float = 0.0  # modelled time until the last request finished: sum(step_seconds)
+    tokens: int = 0  # tokens generated over the run (the same workload for both designs)
+
+    @property
+    def tokens_per_second(self) -> float:
+        """Throughput in modelled time: what the server delivers, where `steps` would flatter
+        the design that packs more requests into each step."""
+        return self.tokens / self.seconds if self.seconds else 0.0
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """Prices one engine step with the roofline: a forward that reads the weights once and
+    `kv_slots` cached positions, and computes `tokens` new tokens attending over them."""
+    model: ModelConfig = field(default_factory=lambda: rf.LLAMA_3_8B)  # the served model's shape
+    hardware: str = "H200"  # a key of roofline.HARDWARE
+    bytes_per_param: float = 2.0  # bf16 weights and cache
+
+    def seconds(self, tokens: int, kv_slots: int) -> float:
+        hw = rf.HARDWARE[self.hardware]
+        moved = rf.bytes_per_token(self.model, 0, self.bytes_per_param) + \
+            kv_slots * rf.kv_bytes_per_position(self.model, self.bytes_per_param)
+        cfg = self.model
+        work = tokens * rf.flops_per_token(cfg) + 4.0 * cfg.n_layers * cfg.n_heads * cfg.head_dim * kv_slots
+        return max(moved / hw.bandwidth, work / hw.peak_flops)
 
 
 @dataclass
@@ -42,7 +76,8 @@ class FragmentationResult:
     paged: DesignTrace
 
     def summary(self) -> dict:
-        keys = ("utilisation", "mean_concurrent", "max_concurrent", "steps", "preemptions")
+        keys = ("utilisation", "mean_concurrent", "max_concurrent", "steps", "preemptions", "seconds",
+                "tokens_per_second")
         return {d.design: {k: getattr(d, k) for k in keys} for d in (self.contiguous, self.paged)}
 
 
@@ -135,7 +170,7 @@ class _PagedMemory:
         return self.alloc.num_used * self.P
 
 
-def _run_design(design, requests, memory_tokens, block_size, k) -> DesignTrace:
+def _run_design(design, requests, memory_tokens, block_size, k, cost) -> DesignTrace:
     """Serve `requests` first come, first served. Paged memory can run out mid-request:
     then the latest admitted request is evicted and later recomputed (vLLM's policy)."""
     mem = (_PagedMemory if design == "paged" else _ContiguousMemory)(memory_tokens, block_size, k)
@@ -167,6 +202,8 @@ def _run_design(design, requests, memory_tokens, block_size, k) -> DesignTrace:
             running.append(r)
         trace.reserved.append(mem.reserved)
         trace.used.append(sum(r.length + (0 if r.fresh else k + 1) for r in running))
+        new_tokens = sum(r.length if r.fresh else k + 1 for r in running)  # prefills, then K+1 per decoder
+        trace.step_seconds.append(cost.seconds(new_tokens, trace.used[-1]) if running else 0.0)
         trace.running.append(len(running))
         trace.waiting.append(len(waiting))
         for r in list(running):  # commit a + 1 positions, roll back the rest
@@ -174,6 +211,7 @@ def _run_design(design, requests, memory_tokens, block_size, k) -> DesignTrace:
                 r.fresh = False
                 continue
             r.length += requests[r.i].increments[r.step]
+            trace.tokens += requests[r.i].increments[r.step]
             r.step += 1
             if r.step == len(requests[r.i].increments):
                 running.remove(r)
@@ -190,17 +228,19 @@ def _summarise(trace: DesignTrace) -> DesignTrace:
     trace.mean_concurrent = sum(busy) / len(busy)
     trace.max_concurrent = max(trace.running)
     trace.steps = len(trace.running)
+    trace.seconds = math.fsum(trace.step_seconds)
     return trace
 
 
 def simulate_fragmentation(num_requests=200, max_len=2048, block_size=16, memory_tokens=32768,
-                           seed=0, k=4, acceptance=0.7, arrival_rate=4.0) -> FragmentationResult:
+                           seed=0, k=4, acceptance=0.7, arrival_rate=4.0, cost=StepCost()) -> FragmentationResult:
     """Serve one simulated workload twice in `memory_tokens` KV slots: with a contiguous
     cache (each request reserves its maximum length when admitted) and with a paged one
     (blocks of `block_size` taken as it grows, whole blocks freed on rollback). Every
     step writes K+1 lookahead positions and keeps a + 1 of them, a ~ Geometric(acceptance)
     truncated at K. `arrival_rate` is requests per step; the default floods the server,
-    so memory, not arrivals, bounds how many requests run at once. Seeded and deterministic."""
+    so memory, not arrivals, bounds how many requests run at once. `cost` prices each step
+    (a Llama-3-8B-shaped model in bf16 on an H200 by default). Seeded and deterministic."""
     for name, v, low in [("num_requests", num_requests, 1), ("max_len", max_len, 64),
                          ("block_size", block_size, 1), ("memory_tokens", memory_tokens, 1), ("k", k, 1)]:
         _check_int(name, v, low)
@@ -210,8 +250,11 @@ def simulate_fragmentation(num_requests=200, max_len=2048, block_size=16, memory
         raise ValueError(f"acceptance must be in [0, 1], got {acceptance!r}")
     if not arrival_rate > 0:
         raise ValueError(f"arrival_rate must be > 0 requests per step, got {arrival_rate!r}")
+    if not isinstance(cost, StepCost) or cost.hardware not in rf.HARDWARE:
+        raise ValueError(f"cost must be a StepCost whose hardware is one of {sorted(rf.HARDWARE)}, got {cost!r}")
     params = dict(num_requests=num_requests, max_len=max_len, block_size=block_size,
-                  memory_tokens=memory_tokens, seed=seed, k=k, acceptance=acceptance, arrival_rate=arrival_rate)
+                  memory_tokens=memory_tokens, seed=seed, k=k, acceptance=acceptance, arrival_rate=arrival_rate,
+                  cost=cost)
     requests = make_workload(num_requests, max_len, k, acceptance, arrival_rate, seed)
-    return FragmentationResult(params, *(_run_design(d, requests, memory_tokens, block_size, k)
+    return FragmentationResult(params, *(_run_design(d, requests, memory_tokens, block_size, k, cost)
                                          for d in ("contiguous", "paged")))
