@@ -1,0 +1,218 @@
+"""The chapters' structure: what every notebook in notebooks/ must have, and what none may do.
+
+These read the stored notebooks; they execute nothing (nbval does that). Each claim is checked
+per chapter, so a failure names the chapter:
+
+- cells use the package's public names only, and never assign to its modules or classes;
+- no chapter stores widget state over 100 KB in its metadata;
+- no chapter speaks of documents that are not in the repository;
+- every plotly figure has a PNG beside it (viz.show), so the chapter reads where no JavaScript runs;
+- every chapter ends with exercises whose answers are collapsed, and a claims cell with asserts;
+- prose per chapter is counted (a guide of about 6,000 characters; a gate for chapter 10 only).
+
+`python tests/test_chapters.py` prints the prose count per chapter.
+"""
+import ast
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("*.ipynb"))
+PACKAGE = "specdec_lab"
+WIDGET_STATE_LIMIT = 100_000  # bytes of JSON in the notebook's metadata["widgets"]
+PROSE_GUIDE = 6_000  # characters of markdown per chapter
+PROSE_GATED = ("10_",)  # chapters whose prose must stay within the guide
+FOREIGN = re.compile(r"DESIGN\.md|seed article|no machine here")
+PLOTLY = "application/vnd.plotly.v1+json"
+
+
+def load(path):
+    return json.loads(path.read_text())
+
+
+def source(cell):
+    return "".join(cell["source"])
+
+
+def code_cells(nb):
+    """(index, parsed tree) of every code cell, IPython magics turned into Python first."""
+    from IPython.core.inputtransformer2 import TransformerManager
+    transform = TransformerManager().transform_cell
+    return [(i, ast.parse(transform(source(c)))) for i, c in enumerate(nb["cells"]) if c["cell_type"] == "code"]
+
+
+def package_names(trees):
+    """Names the notebook binds by importing the package or anything in it."""
+    names = set()
+    for _, tree in trees:
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names |= {(a.asname or a.name).split(".")[0] for a in node.names if a.name.split(".")[0] == PACKAGE}
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == PACKAGE:
+                names |= {a.asname or a.name for a in node.names}
+    return names
+
+
+def root_name(node):
+    while isinstance(node, (ast.Attribute, ast.Subscript)):
+        node = node.value
+    return node.id if isinstance(node, ast.Name) else None
+
+
+def private(name):
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def private_uses(trees):
+    """'cell N: text' for every private name a cell reaches: an attribute with a leading
+    underscore (on anything: a private name is not the lab's to teach with), or an import of
+    one from the package."""
+    found = []
+    for i, tree in trees:
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and private(node.attr):
+                found.append(f"cell {i}: {ast.unparse(node)}")
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == PACKAGE:
+                parts = node.module.split(".") + [a.name for a in node.names]
+                found += [f"cell {i}: from {node.module} import {a.name}" for a in node.names if any(map(private, parts))]
+            elif isinstance(node, ast.Import):
+                found += [f"cell {i}: import {a.name}" for a in node.names
+                          if a.name.split(".")[0] == PACKAGE and any(map(private, a.name.split(".")))]
+    return found
+
+
+def package_assignments(trees):
+    """'cell N: text' for every assignment to an attribute of something imported from the
+    package (a module switch flipped, a class patched), by `=`, `+=`, `del` or setattr()."""
+    names, found = package_names(trees), []
+    for i, tree in trees:
+        for node in ast.walk(tree):
+            targets = []
+            if isinstance(node, (ast.Assign, ast.Delete)):
+                targets = node.targets
+            elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+                targets = [node.target]
+            elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                  and node.func.id in ("setattr", "delattr") and node.args):
+                if root_name(node.args[0]) in names:
+                    found.append(f"cell {i}: {ast.unparse(node)}")
+            for t in targets:
+                for sub in ast.walk(t):
+                    if isinstance(sub, ast.Attribute) and isinstance(sub.ctx, (ast.Store, ast.Del)) \
+                            and root_name(sub) in names:
+                        found.append(f"cell {i}: {ast.unparse(node).splitlines()[0]}")
+    return found
+
+
+def prose_chars(nb):
+    return sum(len(source(c)) for c in nb["cells"] if c["cell_type"] == "markdown")
+
+
+def hidden(cell):
+    return cell["metadata"].get("jupyter", {}).get("source_hidden") is True or "<details" in source(cell)
+
+
+def heading_index(nb, pattern):
+    """Index of the first markdown cell with a heading line matching pattern, else None."""
+    rx = re.compile(rf"^#+ .*(?:{pattern})", re.IGNORECASE | re.MULTILINE)
+    return next((i for i, c in enumerate(nb["cells"]) if c["cell_type"] == "markdown" and rx.search(source(c))),
+                None)
+
+
+ids = [p.stem for p in NOTEBOOKS]
+
+
+def test_there_are_chapters_to_check():
+    assert len(NOTEBOOKS) >= 10, f"expected the ten chapters in notebooks/, found {len(NOTEBOOKS)}"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=ids)
+def test_cells_use_only_public_names(path):
+    found = private_uses(code_cells(load(path)))
+    assert not found, f"{path.name} reaches private names; teach with the public API: {found}"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=ids)
+def test_cells_do_not_assign_to_the_package(path):
+    found = package_assignments(code_cells(load(path)))
+    assert not found, f"{path.name} changes the package from a cell (pass a parameter instead): {found}"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=ids)
+def test_widget_state_stays_small(path):
+    size = len(json.dumps(load(path)["metadata"].get("widgets", {})))
+    assert size <= WIDGET_STATE_LIMIT, (f"{path.name} stores {size:,} bytes of widget state; save it without "
+                                        f"widget state (the limit is {WIDGET_STATE_LIMIT:,})")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=ids)
+def test_no_reference_outside_the_repository(path):
+    hits = [f"line {n}: {line.strip()[:80]}" for n, line in enumerate(path.read_text().splitlines(), 1)
+            if FOREIGN.search(line)]
+    assert not hits, f"{path.name} speaks of what a reader cannot find: {hits}"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=ids)
+def test_every_plotly_figure_has_a_png_beside_it(path):
+    bare = [i for i, c in enumerate(load(path)["cells"]) for o in c.get("outputs", [])
+            if PLOTLY in o.get("data", {}) and "image/png" not in o["data"]]
+    assert not bare, (f"{path.name}: cells {bare} store a plotly figure without a PNG, so GitHub and nbviewer "
+                      f"show nothing; display it with viz.show(fig)")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=ids)
+def test_exercises_with_collapsed_answers(path):
+    nb = load(path)
+    start = heading_index(nb, "exercise")
+    assert start is not None, f"{path.name} has no exercises section (a markdown heading with 'Exercises')"
+    answers = [i for i, c in enumerate(nb["cells"][start:], start) if hidden(c)]
+    assert answers, (f"{path.name}: no collapsed answers after the exercises (cell {start}); put them in a cell "
+                     f"whose metadata has \"jupyter\": {{\"source_hidden\": true}}, or in a <details> block")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=ids)
+def test_a_claims_cell_with_asserts(path):
+    nb = load(path)
+    start = heading_index(nb, "claim")
+    assert start is not None, f"{path.name} has no claims section (a markdown heading with 'claim')"
+    trees = dict(code_cells(nb))
+    asserts = {i: sum(isinstance(n, ast.Assert) for n in ast.walk(trees[i])) for i in trees if i > start}
+    assert any(n >= 2 for n in asserts.values()), (f"{path.name}: no code cell after the claims heading "
+                                                   f"(cell {start}) holds two or more asserts: {asserts}")
+
+
+def prose_table():
+    rows = [(p.stem, prose_chars(load(p))) for p in NOTEBOOKS]
+    lines = [f"{'chapter':32s} {'prose chars':>11s}"]
+    lines += [f"{name:32s} {n:11,d}{'  over the guide' if n > PROSE_GUIDE else ''}" for name, n in rows]
+    return rows, "\n".join(lines)
+
+
+def test_prose_per_chapter_within_the_guide_for_the_gated_chapters():
+    rows, table = prose_table()
+    print(f"\n{table}\n(guide: about {PROSE_GUIDE:,} characters of markdown per chapter)")
+    over = {name: n for name, n in rows if n > PROSE_GUIDE and name.startswith(PROSE_GATED)}
+    assert not over, f"a teaching chapter holds at most about {PROSE_GUIDE:,} characters of prose: {over}"
+
+
+def test_the_checks_catch_what_they_guard_against():
+    """The detectors above, on cells written to break each rule (and on ones that keep it)."""
+    def trees(*cells):
+        return [(i, ast.parse(c)) for i, c in enumerate(cells)]
+    bad = trees("import specdec_lab as sl\nfrom specdec_lab.io import pair as pair_module",
+                "print(sl.SpeculativeEngine._step)", "pair_module.DRAFT_VOCAB_SUBSET = 512",
+                "setattr(sl, 'x', 1)", "from specdec_lab.core import _private")
+    assert private_uses(bad) == ["cell 1: sl.SpeculativeEngine._step",
+                                 "cell 4: from specdec_lab.core import _private"]
+    assert package_assignments(bad) == ["cell 2: pair_module.DRAFT_VOCAB_SUBSET = 512",
+                                        "cell 3: setattr(sl, 'x', 1)"]
+    good = trees("import specdec_lab as sl\nengine = sl.SpeculativeEngine(None, None, k=4)",
+                 "engine.k = 3\nres = engine.generate('hi')\nprint(res.__class__)")
+    assert private_uses(good) == [] and package_assignments(good) == []
+    assert FOREIGN.search("see DESIGN.md section 3") and not FOREIGN.search("see docs/design.md")
+
+
+if __name__ == "__main__":
+    print(prose_table()[1])
