@@ -3,10 +3,12 @@ PY_SYS ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# JupyterLab's settings overrides for this environment: no news prompt over the first chapter.
+LAB_SETTINGS := $(VENV)/share/jupyter/lab/settings/overrides.json
 
 .PHONY: setup model lab test demo bench clean
 
-setup: $(STAMP) model
+setup: $(STAMP) model $(LAB_SETTINGS)
 
 # torch is installed first and pinned, so pip takes the CPU build and never a CUDA one.
 $(STAMP): pyproject.toml
@@ -14,6 +16,9 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --disable-pip-version-check torch==2.13.0
 	$(PY) -m pip install -q --disable-pip-version-check -e '.[lab,test]'
 	touch $(STAMP)
+
+$(LAB_SETTINGS): scripts/jupyterlab_overrides.json $(STAMP)
+	install -D -m 644 $< $@
 
 model: $(STAMP)
 	$(PY) -m specdec_lab fetch

@@ -8,7 +8,8 @@ per chapter, so a failure names the chapter:
 - no chapter speaks of documents that are not in the repository;
 - every plotly figure has a PNG beside it (viz.show), so the chapter reads where no JavaScript runs;
 - every chapter ends with exercises whose answers are collapsed, and a claims cell with asserts;
-- prose per chapter is counted (a guide of about 6,000 characters; a gate for chapter 10 only).
+- prose per chapter is counted (a guide of about 6,000 characters; a gate for chapter 10 only);
+- `make setup` installs the JupyterLab settings that keep the news prompt off the first chapter.
 
 `python tests/test_chapters.py` prints the prose count per chapter.
 """
@@ -212,6 +213,22 @@ def test_the_checks_catch_what_they_guard_against():
                  "engine.k = 3\nres = engine.generate('hi')\nprint(res.__class__)")
     assert private_uses(good) == [] and package_assignments(good) == []
     assert FOREIGN.search("see DESIGN.md section 3") and not FOREIGN.search("see docs/design.md")
+
+
+def test_make_setup_installs_the_lab_settings_that_silence_the_news_prompt(tmp_path):
+    """`make setup` copies scripts/jupyterlab_overrides.json where JupyterLab reads this environment's
+    overrides; JupyterLab then serves fetchNews = "false" as the notification setting's default,
+    so `make lab` opens without asking about Jupyter news."""
+    from jupyterlab.commands import get_app_dir
+    from jupyterlab_server.settings_utils import get_settings
+    app = Path(get_app_dir())
+    installed = app / "settings" / "overrides.json"
+    shipped = Path(__file__).resolve().parents[1] / "scripts" / "jupyterlab_overrides.json"
+    assert installed.is_file(), f"{installed} is missing: run `make setup`"
+    assert json.loads(installed.read_text()) == json.loads(shipped.read_text()), f"{installed} is stale: run `make setup`"
+    name = "@jupyterlab/apputils-extension:notification"
+    setting, _ = get_settings(str(app / "settings"), str(app / "schemas"), str(tmp_path), schema_name=name)
+    assert setting["schema"]["properties"]["fetchNews"]["default"] == "false", "JupyterLab would still ask"
 
 
 if __name__ == "__main__":
