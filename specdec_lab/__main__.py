@@ -49,7 +49,7 @@ def cmd_generate(args):
     else:
         print(res.text)
         print(f"\n[{s.new_tokens} tokens in {s.seconds:.2f} s: {s.tokens_per_second:.1f} tokens/s, "
-              f"{s.mean_tokens_per_step:.2f} tokens/step, acceptance {s.acceptance_rate:.2f}, "
+              f"{s.mean_tokens_per_step:.2f} tokens/step, accepted share {s.accepted_share:.2f}, "
               f"{s.syncs_per_step:.1f} host syncs/step]", file=sys.stderr)
 
 
@@ -83,7 +83,7 @@ def compare_generate(args):
     med = {n: statistics.median(v) for n, v in rates.items()}
     ratio = med[f"speculative K={args.k}"] / med["autoregressive"]
     doc = {"k": args.k, "reps": args.reps, "tokens_per_second": med, "speculative_over_autoregressive": ratio,
-           "tokens_per_step": last.stats.mean_tokens_per_step, "acceptance_rate": last.stats.acceptance_rate,
+           "tokens_per_step": last.stats.mean_tokens_per_step, "accepted_share": last.stats.accepted_share,
            "same_output": last.tokens == base.tokens}
     if args.json:
         print(json.dumps(doc))

@@ -45,7 +45,7 @@ def test_generate_with_the_self_draft_keeps_the_target_output_and_accepts_most_d
     assert proc.returncode == 0, proc.stderr[-2000:]
     doc = json.loads(proc.stdout)
     assert doc["tokens"] == autoregressive_generate(default_target, PROMPT, max_new_tokens=16).tokens
-    assert doc["stats"]["acceptance_rate"] > 0.7, doc["stats"]
+    assert doc["stats"]["accepted_share"] > 0.7, doc["stats"]
 
 
 def test_missing_prompt_is_a_usage_error():

@@ -32,7 +32,7 @@ def test_greedy_speculative_equals_autoregressive_for_every_k(target, draft, k):
 
 def test_target_as_its_own_draft_accepts_everything(target):
     res = sl.SpeculativeEngine(target, target, k=4).generate([1, 2, 3], max_new_tokens=41)
-    assert res.stats.acceptance_rate == 1.0
+    assert res.stats.accepted_share == 1.0
     assert all(s.num_accepted == s.k for s in res.steps), "the all-accepted (bonus) path rejected a token"
     assert res.stats.mean_tokens_per_step > 4.0
 

@@ -25,7 +25,7 @@ def test_greedy_with_the_target_as_draft_equals_autoregressive(smol, baselines, 
     engine = sl.SpeculativeEngine(smol, smol, k=k)
     res = engine.generate(PROMPTS[k % 2], max_new_tokens=24)
     assert res.tokens == baselines[PROMPTS[k % 2]]
-    assert res.stats.acceptance_rate == 1.0
+    assert res.stats.accepted_share == 1.0
 
 
 @pytest.mark.parametrize("k", [1, 4, 8])

@@ -28,7 +28,7 @@ EXPECTED_FAMILIES = {  # family name -> type, as the parser reports them
     "specdec_host_syncs": "counter",
     "specdec_draft_latency_seconds": "histogram",
     "specdec_target_latency_seconds": "histogram",
-    "specdec_acceptance_rate_ema": "gauge",
+    "specdec_accepted_share_ema": "gauge",
     "specdec_draft_k": "gauge",
 }
 
@@ -144,7 +144,7 @@ def test_acceptance_gauge_is_the_moving_ratio_of_accepted_over_drafted():
         exp.on_step(record(k, n))
         if k:
             ref.update(n, k)
-    assert samples(exp.exposition())[("specdec_acceptance_rate_ema", frozenset())] == pytest.approx(ref.value)
+    assert samples(exp.exposition())[("specdec_accepted_share_ema", frozenset())] == pytest.approx(ref.value)
 
 
 def test_run_stats_count_drafts_as_steps_with_k_above_zero():

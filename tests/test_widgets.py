@@ -61,7 +61,7 @@ def test_panel_streams_each_step_and_draws_what_the_engine_recorded(default_targ
     figs = panel.figure_values
     assert figs["new_tokens"] == len(res.tokens) and figs["steps"] == len(steps)
     assert figs["mean_tokens_per_step"] == pytest.approx(len(res.tokens) / len(steps))
-    assert figs["acceptance_rate"] == pytest.approx(res.stats.acceptance_rate)
+    assert figs["accepted_share"] == pytest.approx(res.stats.accepted_share)
     assert figs["tokens_per_second"] > 0 and figs["baseline_tokens_per_second"] > 0
     assert figs["speedup"] == pytest.approx(figs["tokens_per_second"] / figs["baseline_tokens_per_second"])
     assert panel.baseline_result is not None and len(panel.baseline_result.tokens) == 10
@@ -86,7 +86,7 @@ def test_rejected_draft_tokens_are_struck_through_before_their_correction(defaul
     assert "rejected: u &gt;= min(1, p(d) / q(d))" in panel.strip.value
     assert list(panel.chart.data[0].y) == [r.num_accepted for r in res.steps]
     assert list(panel.chart.data[1].y) == [r.k - r.num_accepted for r in res.steps]
-    assert panel.figure_values["acceptance_rate"] == pytest.approx(res.stats.acceptance_rate)
+    assert panel.figure_values["accepted_share"] == pytest.approx(res.stats.accepted_share)
     assert panel.figure_values["speedup"] is None, "no baseline was run"
 
 

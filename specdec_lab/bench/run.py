@@ -225,7 +225,7 @@ def summarize_system(s: System, t: Tally, tallies: dict, alpha: float, costs: St
     out.update({
         "mean_k": mean_k,
         "alpha": alpha_from_steps(t.accepted, t.rejections),  # this system's own steps
-        "acceptance_rate": t.accepted / t.drafted if t.drafted else 0.0,
+        "accepted_share": t.accepted / t.drafted if t.drafted else 0.0,
         "c": (t.draft_seconds / t.drafted) / ar_token_s if t.drafted and ar_token_s else None,  # as run
         "draft_seconds_per_token": t.draft_seconds / t.drafted if t.drafted else None,
         "target_seconds_per_step": t.target_seconds / t.steps if t.steps else None,

@@ -49,7 +49,9 @@ class RunStats:
         return self.new_tokens / self.steps if self.steps else 0.0
 
     @property
-    def acceptance_rate(self) -> float:
+    def accepted_share(self) -> float:
+        """Accepted / drafted tokens over the run. Not alpha = E[min(1, p/q)] (arXiv 2211.17192):
+        position i is tested only when positions 1..i-1 were accepted, so the share falls as K grows."""
         return self.accepted / self.drafted if self.drafted else 0.0
 
     @property
@@ -72,7 +74,7 @@ class RunStats:
 
     def as_dict(self) -> dict:
         out = {k: getattr(self, k) for k in self.__dataclass_fields__}
-        for k in ("tokens_per_second", "mean_tokens_per_step", "acceptance_rate", "syncs_per_step"):
+        for k in ("tokens_per_second", "mean_tokens_per_step", "accepted_share", "syncs_per_step"):
             out[k] = getattr(self, k)
         return out
 
@@ -84,7 +86,7 @@ class MovingRatio:
     decay = 1 gives the plain cumulative ratio; smaller decays forget faster (an
     update's weight halves after log(0.5)/log(decay) further updates). Weighting by
     the denominator means a step that drafted 5 tokens counts five times a step
-    that drafted 1, as the cumulative acceptance rate does.
+    that drafted 1, as the cumulative accepted share does.
     """
 
     def __init__(self, decay: float = 0.9):

@@ -32,7 +32,7 @@ class PrometheusExporter:
     def __init__(self, registry=None, prefix: str = "specdec", ema_decay: float = 0.9,
                  buckets: tuple = LATENCY_BUCKETS):
         self.registry = registry if registry is not None else CollectorRegistry()
-        self.acceptance_ema = MovingRatio(ema_decay)
+        self.share_ratio = MovingRatio(ema_decay)
         r, p = self.registry, prefix
         self.tokens_generated = Counter(f"{p}_tokens_generated", "Tokens emitted to the output: accepted drafts "
                                         "plus each step's correction or bonus token, cut at max_new_tokens and EOS",
@@ -53,9 +53,9 @@ class PrometheusExporter:
         self.target_latency = Histogram(f"{p}_target_latency_seconds", "Wall time of a step's target phase: "
                                         "the K+1 forward, verification, the one sync and the commit",
                                         buckets=buckets, registry=r)
-        self.acceptance_rate_ema = Gauge(f"{p}_acceptance_rate_ema", "Moving acceptance rate: exponentially "
-                                         f"weighted accepted / drafted tokens, decay {ema_decay} per draft",
-                                         registry=r)
+        self.accepted_share_ema = Gauge(f"{p}_accepted_share_ema", "Moving accepted share: exponentially "
+                                        f"weighted accepted / drafted tokens, decay {ema_decay} per draft "
+                                        "(not alpha: it falls as K grows)", registry=r)
         self.draft_k = Gauge(f"{p}_draft_k", "Draft tokens proposed in the latest step (K after adaptive "
                              "control, the budget clamp and the drafter)", registry=r)
 
@@ -74,8 +74,8 @@ class PrometheusExporter:
         for i in range(record.num_accepted):
             self.accepted_per_position.labels(position=str(i)).inc()
         self.draft_latency.observe(record.draft_seconds)
-        self.acceptance_ema.update(record.num_accepted, record.k)
-        self.acceptance_rate_ema.set(self.acceptance_ema.value)
+        self.share_ratio.update(record.num_accepted, record.k)
+        self.accepted_share_ema.set(self.share_ratio.value)
 
     def exposition(self) -> str:
         """The metrics in Prometheus' text format, as a scrape would return them."""

@@ -143,7 +143,7 @@ def update_chart(fig, steps):
 def figures_html(figs: dict, run: int, state: str, k: int) -> str:
     """The running figures as cards; data attributes let a browser test read the state."""
     rows = [("tokens_per_second", "tokens/s"), ("mean_tokens_per_step", "tokens per step"),
-            ("acceptance_rate", "acceptance rate"), ("new_tokens", "tokens"), ("steps", "steps"),
+            ("accepted_share", "accepted share (accepted / drafted)"), ("new_tokens", "tokens"), ("steps", "steps"),
             ("baseline_tokens_per_second", "baseline tokens/s"), ("speedup", "speedup vs baseline")]
     cards = []
     for key, label in rows:
@@ -344,7 +344,7 @@ class DemoPanel:
         seconds = stats.draft_seconds + stats.target_seconds  # decode time, redraws excluded
         tps = stats.new_tokens / seconds if seconds > 0 else None
         figs = {"tokens_per_second": tps, "mean_tokens_per_step": stats.mean_tokens_per_step if stats.steps else None,
-                "acceptance_rate": stats.acceptance_rate if stats.drafted else None,
+                "accepted_share": stats.accepted_share if stats.drafted else None,
                 "new_tokens": stats.new_tokens, "steps": stats.steps,
                 "baseline_tokens_per_second": None, "speedup": None}
         base = self.baseline_result
