@@ -91,7 +91,12 @@ class SpeculativeEngine(Engine):
         capacity = min(max_seq_len, target.cfg.max_seq_len)
         if isinstance(draft, SelfDraft) and cache != "contiguous":
             raise ValueError("a self-draft shares the target's KV cache, which must be cache='contiguous'")
-        target_cache = factory(target.cfg, capacity, dtype=target.dtype, device=target.device)
+        static = [m for m in (target, draft) if getattr(m, "static_shapes", False)]
+        if static and cache != "contiguous":
+            raise ValueError(f"cache={cache!r} cannot hold a model with static shapes (use_static_shapes): "
+                             f"they need cache='contiguous'")
+        target_cache = factory(target.cfg, capacity, dtype=target.dtype, device=target.device,
+                               **({"static": True} if target in static else {}))
         drafter = make_drafter(target, draft, capacity, factory, target_cache)
         super().__init__(target, drafter, k=k, cache=target_cache, verifier=verifier, tokenizer=tokenizer)
         self.cache_kind, self.block_size = cache, block_size

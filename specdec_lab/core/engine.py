@@ -95,7 +95,9 @@ def autoregressive_generate(model, prompt, max_new_tokens=128, temperature=0.0, 
     check_capacity(len(ids), max_new_tokens, 0, capacity, max_seq_len or model.cfg.max_seq_len)
     device, eos = model.device, model.cfg.eos_token_ids
     g = make_generator(seed, device)
-    cache = KVCache.for_model(model.cfg, capacity, dtype=model.dtype, device=device)
+    with torch.inference_mode(False):  # a normal tensor, like the engine's: compiled code is shared
+        cache = KVCache.for_model(model.cfg, capacity, dtype=model.dtype, device=device,
+                                  static=getattr(model, "static_shapes", False))
     stats, steps, out = RunStats(), [], []
     t0 = time.perf_counter()
     logits = model(torch.tensor([ids], device=device), cache=cache, last_only=True)[0, -1]  # the prompt's one copy
@@ -136,7 +138,8 @@ class Engine:
             raise ValueError(f"verifier must be 'device', 'reference' or a function like verify, got {verifier!r}")
         self.target, self.drafter, self.k, self.verifier = target, drafter, k, verifier
         self.cache = cache if cache is not None else KVCache.for_model(
-            target.cfg, min(2048, target.cfg.max_seq_len), dtype=target.dtype, device=target.device)
+            target.cfg, min(2048, target.cfg.max_seq_len), dtype=target.dtype, device=target.device,
+            static=getattr(target, "static_shapes", False))
         self.max_seq_len = min(self.cache.capacity, target.cfg.max_seq_len)
         self.tokenizer = tokenizer or getattr(target, "tokenizer", None)
         self.controller = None

@@ -10,6 +10,12 @@ rollback copies nothing (the gpt-fast design).
 Capacity S must leave room for the K+1 verification window beyond the longest
 sequence the engine will commit; `reserve(T)` checks that before anything is
 written, so a failed append changes nothing.
+
+`static=True` keeps every forward's shapes fixed, as torch.compile and CUDA
+graphs need (gpt-fast's model.py does the same): `write_at` writes the new
+positions by index at `input_pos`, attention reads the whole capacity, and the
+mask rows are gathered from one (S, S) causal mask made here once. Slots past
+the committed length hold stale keys from rejected drafts; the mask hides them.
 """
 import torch
 
@@ -20,7 +26,7 @@ class CacheOverflowError(ValueError):
 
 class KVCache:
     def __init__(self, n_layers, batch_size, n_kv_heads, capacity, head_dim,
-                 dtype=torch.float32, device="cpu"):
+                 dtype=torch.float32, device="cpu", static=False):
         for name, v in [("n_layers", n_layers), ("batch_size", batch_size),
                         ("n_kv_heads", n_kv_heads), ("capacity", capacity), ("head_dim", head_dim)]:
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:  # True is an int to Python
@@ -30,10 +36,13 @@ class KVCache:
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.capacity = capacity
         self.length = 0
+        self.static = bool(static)
+        # (S, S): row i allows columns 0..i. A forward at positions input_pos uses rows causal[input_pos].
+        self.causal = torch.ones(capacity, capacity, dtype=torch.bool, device=device).tril() if static else None
 
     @classmethod
-    def for_model(cls, cfg, capacity, batch_size=1, dtype=torch.float32, device="cpu"):
-        return cls(cfg.n_layers, batch_size, cfg.n_kv_heads, capacity, cfg.head_dim, dtype, device)
+    def for_model(cls, cfg, capacity, batch_size=1, dtype=torch.float32, device="cpu", static=False):
+        return cls(cfg.n_layers, batch_size, cfg.n_kv_heads, capacity, cfg.head_dim, dtype, device, static)
 
     @property
     def n_layers(self) -> int:
@@ -52,6 +61,18 @@ class KVCache:
         self.k[layer, :, :, self.length:end] = k
         self.v[layer, :, :, self.length:end] = v
         return self.k[layer, :, :, :end], self.v[layer, :, :, :end]  # (B, Hkv, length+T, D)
+
+    def write_at(self, layer: int, k: torch.Tensor, v: torch.Tensor, input_pos: torch.Tensor):
+        """Static shapes: write one layer's new keys/values (B, Hkv, T, D) at positions input_pos (T,);
+        return that layer's whole buffers (B, Hkv, S, D). Reads no Python length, so a compiled
+        forward does not specialise on it."""
+        self.k[layer].index_copy_(2, input_pos, k)
+        self.v[layer].index_copy_(2, input_pos, v)
+        return self.k[layer], self.v[layer]
+
+    def mask_rows(self, input_pos: torch.Tensor) -> torch.Tensor:
+        """Static shapes: the boolean mask (1, 1, T, S) for new tokens at input_pos (True = attend)."""
+        return self.causal[input_pos].unsqueeze(0).unsqueeze(0)
 
     def advance(self, T: int):
         """Commit the T positions that the last forward wrote."""

@@ -136,7 +136,7 @@ class Attention(nn.Module):
         self.wqkv = Linear(cfg.dim, q_out + 2 * kv_out, bias=cfg.qkv_bias)
         self.wo = Linear(q_out, cfg.dim)
 
-    def forward(self, x, cos, sin, layer, cache, mask):
+    def forward(self, x, cos, sin, layer, cache, mask, input_pos=None):
         B, T, _ = x.shape
         H, Hkv, D = self.cfg.n_heads, self.cfg.n_kv_heads, self.cfg.head_dim
         qkv = self.wqkv(x).view(B, T, H + 2 * Hkv, D)  # (B, T, H + 2 Hkv, D)
@@ -144,9 +144,13 @@ class Attention(nn.Module):
         q = qk[:, :, :H].transpose(1, 2)  # (B, H, T, D)
         k = qk[:, :, H:].transpose(1, 2)  # (B, Hkv, T, D)
         v = qkv[:, :, H + Hkv:].transpose(1, 2)  # (B, Hkv, T, D)
-        if cache is not None:
+        if getattr(cache, "static", False):
+            k, v = cache.write_at(layer, k, v, input_pos)  # (B, Hkv, S, D): the whole capacity, one shape
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+        elif cache is not None:
             k, v = cache.write_layer(layer, k, v)  # (B, Hkv, L+T, D)
-        if cache is None and mask is None:
+            y = grouped_attention(q, k, v, mask)
+        elif mask is None:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=T > 1, enable_gqa=True)  # training
         else:
             y = grouped_attention(q, k, v, mask)
@@ -189,8 +193,8 @@ class Block(nn.Module):
         self.mlp_norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, cos, sin, layer, cache, mask):
-        x = x + self.attn(self.attn_norm(x), cos, sin, layer, cache, mask)
+    def forward(self, x, cos, sin, layer, cache, mask, input_pos=None):
+        x = x + self.attn(self.attn_norm(x), cos, sin, layer, cache, mask, input_pos)
         return x + self.mlp(self.mlp_norm(x))
 
 
@@ -210,6 +214,29 @@ class Transformer(nn.Module):
         # logits(tokens, input_pos, cache, mask, last_only) and hidden(..., embeds), each returning
         # what this class returns, or None where it does not apply (the eager code below runs then).
         self.fast_rows = None
+        # Static shapes (use_static_shapes): caches made for this model are static, and `compiled`,
+        # when set, is torch.compile of static_forward, used for the few-row forwards of decoding.
+        self.static_shapes = False
+        self.compiled = None
+
+    def use_static_shapes(self, compile=False, mode=None):
+        """Run with fixed shapes from now on (gpt-fast's design): the engine, drafters and the
+        autoregressive baseline make static caches for this model. With compile=True the forwards
+        of up to COMPILED_ROWS rows after the prompt (decode, verification, the draft's step) go
+        through torch.compile; mode defaults to "reduce-overhead" (CUDA graphs) on CUDA and
+        inductor's default on the CPU. Each row count compiles once, on its first call."""
+        if mode is not None and mode not in COMPILE_MODES:
+            raise ValueError(f"mode must be None or one of {COMPILE_MODES}, got {mode!r}")
+        if self.fast_rows is not None:
+            raise ValueError("use_static_shapes needs a plain model, and this one has the CPU fast path "
+                             "(load_pair(..., accelerate=False) or cpu.unaccelerate(model) gives one)")
+        self.static_shapes = True
+        if compile:
+            mode = mode or ("reduce-overhead" if self.device.type == "cuda" else "default")
+            self.compiled = torch.compile(self.static_forward, mode=mode, dynamic=False, fullgraph=True)
+        else:
+            self.compiled = None
+        return self
 
     @property
     def device(self):
@@ -225,6 +252,8 @@ class Transformer(nn.Module):
         return self.embed(tokens)
 
     def forward(self, tokens, input_pos=None, cache=None, mask=None, last_only=False):
+        if getattr(cache, "static", False):
+            return self._static(tokens, input_pos, cache, mask, None, True, last_only)
         if self.fast_rows is not None:
             logits = self.fast_rows.logits(tokens, input_pos, cache, mask, last_only)
             if logits is not None:
@@ -237,6 +266,8 @@ class Transformer(nn.Module):
     def hidden(self, tokens, input_pos=None, cache=None, mask=None, embeds=None):
         """The final normalised hidden states (B, T, dim), before the output head.
         `embeds` (B, T, dim) replaces the token embeddings (a feature draft builds its own)."""
+        if getattr(cache, "static", False):
+            return self._static(tokens, input_pos, cache, mask, embeds, False, False)
         if self.fast_rows is not None:
             x = self.fast_rows.hidden(tokens, input_pos, cache, mask, embeds)
             if x is not None:
@@ -257,6 +288,48 @@ class Transformer(nn.Module):
         if cache is not None:
             cache.advance(T)
         return self.norm(x)
+
+    def _static(self, tokens, input_pos, cache, mask, embeds, head, last_only):
+        """A forward over a static cache: the Python bookkeeping (the length, its check, the
+        positions) stays out here, so static_forward sees the same shapes at every step."""
+        T = tokens.shape[1]
+        start = cache.length
+        cache.reserve(T)  # raise before any layer writes
+        if input_pos is None:
+            input_pos = torch.arange(start, start + T, device=tokens.device)  # a kernel, not a copy
+        if mask is not None:  # an explicit (B, 1, T, L+T) mask: extend it over the whole capacity
+            mask = F.pad(mask.to(self.dtype), (0, cache.capacity - mask.shape[-1]), value=float("-inf"))
+        if self.compiled is not None and start > 0 and embeds is None and mask is None and T <= COMPILED_ROWS:
+            # CUDA graphs replay into the same output buffer each call: the clone keeps this one.
+            out = self.compiled(tokens, input_pos, cache, None, None, head, last_only).clone()
+        else:
+            out = self.static_forward(tokens, input_pos, cache, mask, embeds, head, last_only)
+        cache.advance(T)
+        return out
+
+    def static_forward(self, tokens, input_pos, cache, mask=None, embeds=None, head=True, last_only=False):
+        """The fixed-shape forward that torch.compile traces: logits (B, T or 1, V) with head=True,
+        else the normalised hidden states (B, T, dim). Writes the cache at input_pos; does not
+        advance it."""
+        if mask is None:
+            mask = cache.mask_rows(input_pos)  # (1, 1, T, S) boolean, gathered from one mask
+        cos = self.rope_cos[input_pos].to(self.dtype)[:, None]  # (T, 1, D): tables made once
+        sin = self.rope_sin[input_pos].to(self.dtype)[:, None]
+        x = self.embed_tokens(tokens) if embeds is None else embeds  # (B, T, dim)
+        for i, block in enumerate(self.layers):
+            x = block(x, cos, sin, i, cache, mask, input_pos)
+        x = self.norm(x)
+        if not head:
+            return x
+        if last_only:
+            x = x[:, -1:]  # (B, 1, dim)
+        return self.head(x).float()
+
+
+# Forwards of up to this many rows after the prompt are compiled: decode (1), the draft's first
+# step after a fully accepted one (2) and verification (K + 1). The prompt's prefill runs uncompiled.
+COMPILED_ROWS = 9
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
 def init_weights(model: Transformer, seed: int = 0, std: float = 0.02) -> Transformer:

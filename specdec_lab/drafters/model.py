@@ -32,7 +32,8 @@ class ModelDrafter:
                                        or not 0.0 < stop_below < 1.0):
             raise ValueError(f"stop_below must be None or a number in (0, 1), got {stop_below!r}")
         self.model, self.stop_below = model, stop_below
-        self.cache = cache_factory(model.cfg, capacity, dtype=model.dtype, device=model.device)
+        static = {"static": True} if getattr(model, "static_shapes", False) else {}  # fixed shapes for compile
+        self.cache = cache_factory(model.cfg, capacity, dtype=model.dtype, device=model.device, **static)
         self.host_syncs = 0  # host reads and copies so far (the early stop's)
         self.reset()
 
