@@ -5,10 +5,12 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 # JupyterLab's settings overrides for this environment: no news prompt over the first chapter.
 LAB_SETTINGS := $(VENV)/share/jupyter/lab/settings/overrides.json
+# nbconvert's configuration for this environment: re-executed chapters store no widget state.
+NBCONVERT_CONFIG := $(VENV)/etc/jupyter/jupyter_nbconvert_config.json
 
 .PHONY: setup model lab test demo bench clean
 
-setup: $(STAMP) model $(LAB_SETTINGS)
+setup: $(STAMP) model $(LAB_SETTINGS) $(NBCONVERT_CONFIG)
 
 # torch is installed first and pinned, so pip takes the CPU build and never a CUDA one.
 $(STAMP): pyproject.toml
@@ -18,6 +20,9 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 $(LAB_SETTINGS): scripts/jupyterlab_overrides.json $(STAMP)
+	install -D -m 644 $< $@
+
+$(NBCONVERT_CONFIG): scripts/jupyter_nbconvert_config.json $(STAMP)
 	install -D -m 644 $< $@
 
 model: $(STAMP)

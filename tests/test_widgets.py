@@ -4,12 +4,17 @@ Two drafts on the real SmolLM2 target cover the four fates: the target as its ow
 draft accepts everything (accepted and bonus tokens); a tiny random draft is
 rejected at once (rejected and correction tokens).
 """
+import json
 import re
+import subprocess
+import sys
+from pathlib import Path
 
+import nbformat
 import pytest
 
 import specdec_lab as sl
-from specdec_lab.lab.widgets import DemoPanel, token_fates, token_span
+from specdec_lab.lab.widgets import DEFAULT_K, WARMUP_TOKENS, DemoPanel, token_fates, token_span
 
 pytestmark = pytest.mark.slow
 
@@ -73,7 +78,7 @@ def test_panel_streams_each_step_and_draws_what_the_engine_recorded(default_targ
 
 def test_rejected_draft_tokens_are_struck_through_before_their_correction(default_target, tiny_draft):
     panel = DemoPanel(sl.ModelPair(default_target, tiny_draft, default_target.tokenizer))
-    res, _ = _run(panel, k=2, max_new_tokens=6)
+    res, _ = _run(panel, k=2, max_new_tokens=6, baseline=False)
     assert res is not None, panel.error.value
     classes = _classes_in_strip(panel.strip.value)
     assert classes == _expected_classes(res.steps)
@@ -88,6 +93,23 @@ def test_rejected_draft_tokens_are_struck_through_before_their_correction(defaul
     assert list(panel.chart.data[1].y) == [r.k - r.num_accepted for r in res.steps]
     assert panel.figure_values["accepted_share"] == pytest.approx(res.stats.accepted_share)
     assert panel.figure_values["speedup"] is None, "no baseline was run"
+
+
+def test_a_run_warms_each_engine_once_then_times_both_on_the_same_settings(default_target):
+    panel = DemoPanel(default_target, default_target)
+    assert panel.k.value == DEFAULT_K and panel.baseline.value, "a press of Run times both engines by default"
+    res, _ = _run(panel, k=2, temperature=0.0, max_new_tokens=6)
+    assert res is not None, panel.error.value
+    warmed = {("default", "model"): WARMUP_TOKENS, ("default", "autoregressive"): WARMUP_TOKENS}
+    assert panel.warmed == warmed, "both engines generate untimed tokens before their first timed run"
+    figs = panel.figure_values
+    assert figs["tokens_per_second"] > 0 and figs["baseline_tokens_per_second"] > 0
+    assert panel.baseline_result.tokens == res.tokens, "greedy: the target alone gives the same tokens"
+    _run(panel, k=3, temperature=0.0, max_new_tokens=6)
+    assert panel.warmed == warmed, "a warmed engine is not warmed again"
+    _run(panel, k=3, temperature=0.0, max_new_tokens=6, drafter="ngram")
+    assert panel.warmed[("default", "ngram")] == WARMUP_TOKENS and len(panel.warmed) == 3
+    assert "autoregressive tokens/s" in panel.figures.value and "speculative tokens/s" in panel.figures.value
 
 
 def test_greedy_hover_says_there_is_no_uniform(default_target):
@@ -155,3 +177,19 @@ def test_hub_pairs_are_refused_without_cuda_and_load_errors_are_readable(default
 def test_panel_needs_a_pair_or_a_target_with_a_draft(default_target):
     with pytest.raises(ValueError, match="ModelPair"):
         DemoPanel(default_target)
+
+
+def test_re_executing_a_chapter_stores_no_widget_state(tmp_path):
+    """make setup installs scripts/jupyter_nbconvert_config.json, so `jupyter nbconvert --execute`
+    leaves metadata.widgets out (the panel's chart alone would store about 5 MB of plotly)."""
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("import ipywidgets as W\nW.IntSlider(3)")])
+    path = tmp_path / "widget.ipynb"
+    nbformat.write(nb, path)
+    jupyter = Path(sys.executable).parent / "jupyter"
+    proc = subprocess.run([str(jupyter), "nbconvert", "--to", "notebook", "--execute", "--inplace", str(path)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    done = json.loads(path.read_text())
+    assert done["cells"][0]["outputs"], "the cell ran and displayed its slider"
+    assert "widgets" not in done["metadata"], \
+        "widget state was stored: is .venv/etc/jupyter/jupyter_nbconvert_config.json installed (make setup)?"
