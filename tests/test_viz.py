@@ -269,3 +269,22 @@ def test_browser_path_says_how_to_get_a_browser_when_none_is_on_path(monkeypatch
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(RuntimeError, match="none of chromium, .* is on PATH: install one"):
         viz.browser_path()
+
+
+def test_acceptance_figure_stacks_the_residual_on_min_p_q_to_make_p():
+    p, q = [0.5, 0.3, 0.2], [0.2, 0.2, 0.6]
+    fig = _pure(lambda: viz.acceptance_figure(p, q, labels=["a", "b", "c"]))
+    accepted, residual = fig.data[0], fig.data[1]
+    assert list(accepted.y) == pytest.approx([0.2, 0.2, 0.2]) and list(residual.base) == list(accepted.y)
+    assert [a + r for a, r in zip(accepted.y, residual.y)] == pytest.approx(p), "min(p, q) + max(0, p - q) = p"
+    assert "0.600" in fig.layout.title.text, "the accepted mass is sum min(p, q)"
+    with pytest.raises(ValueError, match="one length"):
+        viz.acceptance_figure([0.5, 0.5], [1.0])
+
+
+def test_pvalue_histogram_figure_has_one_histogram_per_sampler_on_equal_bins():
+    fig = _pure(lambda: viz.pvalue_histogram_figure({"good": [0.1, 0.5, 0.9], "bad": [0.0, 0.0]}, bins=5))
+    assert [t.name for t in fig.data] == ["good (3 runs)", "bad (2 runs)"]
+    assert fig.data[0].xbins.size == pytest.approx(0.2)
+    with pytest.raises(ValueError, match="bins must be an int >= 2, got 1"):
+        viz.pvalue_histogram_figure({"x": [0.5]}, bins=1)

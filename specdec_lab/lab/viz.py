@@ -150,6 +150,54 @@ def distribution_figure(probs, counts_by_name, pvalues=None, labels=None) -> go.
     return fig
 
 
+def acceptance_figure(p, q, labels=None) -> go.Figure:
+    """The acceptance rule at one position, over a small vocabulary. Stacked bars: min(p, q), the
+    mass a drafted token is accepted through (shaded), and on top the residual max(0, p - q),
+    the mass the correction supplies; together they are p. q is drawn as open markers.
+    p, q: probabilities (lists or 1-D tensors of the same length); labels: one per token."""
+    p, q = [float(x) for x in p], [float(x) for x in q]
+    if len(p) != len(q) or not p:
+        raise ValueError(f"p and q must be non-empty and of one length, got {len(p)} and {len(q)}")
+    xs = list(labels) if labels is not None else [str(i) for i in range(len(p))]
+    accepted = [min(a, b) for a, b in zip(p, q)]
+    residual = [max(0.0, a - b) for a, b in zip(p, q)]
+    beta = sum(accepted)
+    fig = go.Figure()
+    fig.add_trace(go.Bar(x=xs, y=accepted, name="min(p, q): accepted", marker_color=GOOD, opacity=0.75))
+    fig.add_trace(go.Bar(x=xs, y=residual, base=accepted, name="max(0, p - q): the residual",
+                         marker=dict(color="white", line=dict(color=BAD, width=2), pattern_shape="/",
+                                     pattern_fgcolor=BAD)))
+    fig.add_trace(go.Scatter(x=xs, y=p, mode="markers", name="p, the target",
+                             marker=dict(color="black", symbol="line-ew-open", size=22, line=dict(width=3))))
+    fig.add_trace(go.Scatter(x=xs, y=q, mode="markers", name="q, the draft",
+                             marker=dict(color=PALETTE[0], symbol="diamond-open", size=11, line=dict(width=2))))
+    fig.update_layout(barmode="overlay", height=420, yaxis_title="probability", xaxis_title="token",
+                      title=f"Accepted mass sum min(p, q) = {beta:.3f}; the residual holds the other {1 - beta:.3f}",
+                      legend=dict(orientation="h", y=-0.2))
+    return fig
+
+
+def pvalue_histogram_figure(pvalues_by_name, bins=10, threshold=1e-3) -> go.Figure:
+    """Histograms of chi-square p-values, one per sampler ({name: [p-value per run]}), on [0, 1]
+    in `bins` equal bins, as a share of each sampler's runs. A sampler distributed as the target
+    gives uniform p-values: every bin near 1 / bins (dashed). `threshold` is marked."""
+    if isinstance(bins, bool) or not isinstance(bins, int) or bins < 2:
+        raise ValueError(f"bins must be an int >= 2, got {bins!r}")
+    fig = go.Figure()
+    for i, (name, values) in enumerate(pvalues_by_name.items()):
+        fig.add_trace(go.Histogram(x=list(values), name=f"{name} ({len(values)} runs)", histnorm="probability",
+                                   xbins=dict(start=0.0, end=1.0, size=1.0 / bins), opacity=0.7,
+                                   marker_color=PALETTE[i % len(PALETTE)]))
+    fig.add_hline(y=1.0 / bins, line=dict(color="black", dash="dash"), annotation_text="uniform",
+                  annotation_position="top right")
+    fig.add_vline(x=threshold, line=dict(color=BAD, dash="dot"))
+    fig.update_xaxes(title_text="chi-square p-value", range=[0, 1])
+    fig.update_yaxes(title_text="share of runs")
+    fig.update_layout(barmode="overlay", height=400, legend=dict(orientation="h", y=-0.25),
+                      title="What passing looks like: p-values of many runs, each run a fresh set of seeds")
+    return fig
+
+
 def speedup_heatmap(alphas, ks, c) -> go.Figure:
     """Expected speedup (arXiv 2211.17192, Theorem 3.8) over alpha (x) and K (y) for one c,
     with the best K for each alpha marked and the break-even contour at 1."""
