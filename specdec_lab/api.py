@@ -125,17 +125,41 @@ def _fast_twin(key, model, weights):
     return _CACHE[key]
 
 
-def load_pair(target, draft, device="cpu", dtype=torch.float32, accelerate=None, vocab_subset_head=True) -> ModelPair:
+def default_dtype(device) -> torch.dtype:
+    """bfloat16 on CUDA (half the bytes per token, and tensor cores), float32 on the CPU (where
+    greedy speculative decoding matches autoregressive decoding token for token)."""
+    return torch.bfloat16 if check_device(device).type == "cuda" else torch.float32
+
+
+def check_dtype(dtype, device) -> torch.dtype:
+    if dtype is None:
+        return default_dtype(device)
+    if dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise ValueError(f"dtype must be None (bfloat16 on CUDA, float32 on the CPU), torch.float32, "
+                         f"torch.bfloat16 or torch.float16, got {dtype!r}")
+    return dtype
+
+
+def load_pair(target, draft, device="cpu", dtype=None, accelerate=None, vocab_subset_head=True,
+              compile=False) -> ModelPair:
     """A target and a draft (hub ids, local folders or .gguf files) that share a tokenizer.
 
-    accelerate: None makes both fast on the CPU (cpu.accelerated: fast twins that share the plain
-    models' weights; the draft's one-call forward reads half precision), False gives the plain
-    models. Weights are loaded once per process, whichever is asked for. vocab_subset_head: a draft folder's
-    vocab_subset.json restricts the draft's head to those tokens (outputs unchanged: verification
-    is lossless for any q)."""
+    dtype: None is bfloat16 on CUDA and float32 on the CPU. accelerate: None makes both fast on
+    the CPU (cpu.accelerated: fast twins that share the plain models' weights; the draft's
+    one-call forward reads half precision), False gives the plain models. compile: True gives
+    twins with static shapes whose decode, verification and draft forwards go through
+    torch.compile (Transformer.use_static_shapes; CUDA graphs on CUDA); it replaces the CPU fast
+    path. Weights are loaded once per process, whichever is asked for. vocab_subset_head: a draft
+    folder's vocab_subset.json restricts the draft's head to those tokens (outputs unchanged:
+    verification is lossless for any q)."""
     check_source("target", target)
     check_source("draft", draft)
-    fast = _check_accelerate(accelerate, device)
+    dtype = check_dtype(dtype, device)
+    if not isinstance(compile, bool):
+        raise TypeError(f"compile must be True or False, got {compile!r}")
+    if compile and accelerate:
+        raise ValueError("compile=True and accelerate=True are two different fast paths; choose one")
+    fast = _check_accelerate(accelerate, device) and not compile
     if not isinstance(vocab_subset_head, bool):
         raise TypeError(f"vocab_subset_head must be True or False, got {vocab_subset_head!r}")
     t = load_model_cached(target, device, dtype)
@@ -153,17 +177,35 @@ def load_pair(target, draft, device="cpu", dtype=torch.float32, accelerate=None,
     d.tokenizer = t.tokenizer
     if fast:
         t, d = _fast_twin(t_key, t, "float32"), _fast_twin(d_key, d, "float16")
+    elif compile:
+        t, d = _compiled_twin(t_key, t), _compiled_twin(d_key, d)
     return ModelPair(t, d, t.tokenizer)
 
 
-def load_default_pair(device="cpu", dtype=torch.float32, accelerate=None) -> ModelPair:
+def compiled_twin(model, mode=None):
+    """A shallow copy of a plain model (the same modules and weights) with static shapes and
+    torch.compile (Transformer.use_static_shapes), so the model itself stays as it was."""
+    if not isinstance(model, Transformer):
+        raise TypeError(f"model must be a specdec_lab Transformer, got {type(model).__name__}")
+    return copy.copy(model).use_static_shapes(compile=True, mode=mode)
+
+
+def _compiled_twin(key, model):
+    """compiled_twin of a cached model, made once per process."""
+    key = key + ("compiled",)
+    if key not in _CACHE:
+        _CACHE[key] = compiled_twin(model)
+    return _CACHE[key]
+
+
+def load_default_pair(device="cpu", dtype=None, accelerate=None, compile=False) -> ModelPair:
     """SmolLM2-135M-Instruct and the project's distilled draft (specdec_lab/draft/)."""
     check_device(device)
     draft = default_draft_dir()
     if not (draft / "model.safetensors").exists():
         raise FileNotFoundError(f"the shipped draft is missing from {draft}; "
                                 "make it with `python -m specdec_lab distill`")
-    return load_pair(ensure_default_target(), draft, device, dtype, accelerate=accelerate)
+    return load_pair(ensure_default_target(), draft, device, dtype, accelerate=accelerate, compile=compile)
 
 
 def load_feature_draft(target, folder=None, accelerate=None):

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import torch
 
+from ..api import compiled_twin, default_dtype
 from ..core.text import encode_prompt
 from ..cpu import accelerate, accelerated
 from ..drafters.feature import find_feature_draft_dir, load_feature_draft
@@ -38,7 +39,11 @@ def bench_main(args, out=print, err=None):
         raise ValueError(f"--threads must be >= 1, got {args.threads}")
     torch.set_num_threads(args.threads or os.cpu_count())
     device = torch.device(args.device)
-    dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if device.type == "cuda" else torch.float32)
+    dtype = getattr(torch, args.dtype) if args.dtype else default_dtype(device)
+    for probe in ("kernels", "profile"):
+        if getattr(args, probe, False) and device.type != "cpu":
+            raise ValueError(f"--{probe} measures the CPU kernels and the CPU forward; on {device} use the "
+                             f"default bench (it reports c, v_K and the bandwidth fraction) or --synthetic")
     if getattr(args, "caches", False):
         cfg = BenchConfig(**{**(QUICK if args.quick else {}), **_overrides(args)})
         target, draft, _, _ = load_systems_models(args, device, dtype, False, err)
@@ -115,7 +120,9 @@ def load_systems_models(args, device, dtype, with_hf, log):
         draft = with_vocab_subset(load_draft(draft_src, device, dtype), draft_src)
     else:
         draft = load_model_cached(draft_src, device, dtype)
-    if device.type == "cpu":  # fast twins, as load_pair gives out (api.py)
+    if getattr(args, "compile", False):  # static shapes and torch.compile instead of the CPU fast path
+        target, draft = compiled_twin(target), compiled_twin(draft)
+    elif device.type == "cpu":  # fast twins, as load_pair gives out (api.py)
         target, draft = accelerated(target), accelerated(draft, weights="float16")
     if draft.cfg.vocab_size != target.cfg.vocab_size:
         raise ValueError(f"draft vocabulary ({draft.cfg.vocab_size}) differs from the target's "

@@ -349,7 +349,13 @@ def run_bench(target, draft, cfg: BenchConfig, hf_target=None, hf_draft=None, lo
         sy = {s.name: summarize_system(s, tallies[s.name], tallies, alpha, costs, cfg.ks) for s in systems}
         if temperature == 0:  # greedy speculative decoding must reproduce greedy decoding
             for name, t in tallies.items():
-                sy[name]["same_output_as_ar"] = sum(a == b for a, b in zip(t.outputs, ar.outputs)) / len(ar.outputs)
+                same = [a == b for a, b in zip(t.outputs, ar.outputs)]
+                sy[name]["same_output_as_ar"] = sum(same) / len(ar.outputs)
+                diffs = [first_difference(target, prompt_ids[p], a, b)
+                         for p, a, b, s in zip(ar.call_prompts, ar.outputs, t.outputs, same) if not s]
+                if diffs and not any(d is None for d in diffs):
+                    sy[name]["first_differences"] = diffs
+                    sy[name]["max_logit_gap_at_first_difference"] = max(d["logit_gap"] for d in diffs)
         results.append({"temperature": temperature, "samples_per_prompt": len(seeds_for(cfg, temperature, 0)),
                         "alpha": alpha, "alpha_positions": positions, "systems": sy})
         for f in ("tokens", "decode_seconds"):
@@ -373,6 +379,22 @@ def run_bench(target, draft, cfg: BenchConfig, hf_target=None, hf_draft=None, lo
         "results": results,
         "targets": _targets(results, rf),
     }
+
+
+@torch.inference_mode()
+def first_difference(target, prompt, reference, other):
+    """Where a greedy answer first leaves the autoregressive one, and the target's logit gap there
+    between the two tokens (one forward over the shared prefix). In bfloat16 a T=1 and a T=K+1
+    forward take different GEMM shapes, and a near-tie (a gap near bf16's rounding) may go either
+    way; a large gap is a bug. None when `other` is a prefix of `reference` or the reverse (an
+    answer cut short by EOS is no difference of tokens)."""
+    i = next((i for i, (a, b) in enumerate(zip(reference, other)) if a != b), None)
+    if i is None:
+        return None
+    x = torch.tensor([list(prompt) + list(reference[:i])], device=target.device)
+    logits = target(x, last_only=True)[0, -1]  # (V,) after the shared prefix
+    gap = float(logits[reference[i]] - logits[other[i]])
+    return {"position": i, "reference_token": reference[i], "other_token": other[i], "logit_gap": gap}
 
 
 def make_self_draft(target, log=None):
