@@ -1,18 +1,20 @@
-"""Command line: python -m specdec_lab {fetch, generate, acceptance, distill, distill-features, bench}."""
+"""Command line: python -m specdec_lab {fetch, generate, acceptance, prompts, distill, distill-features, bench}."""
 import argparse
 import json
 import statistics
 import sys
 
-from .api import SpeculativeEngine, autoregressive_generate, load_default_pair, load_pair
+from .api import SpeculativeEngine, autoregressive_generate, load_default_pair, load_feature_draft, load_pair
 from .bench.main import bench_main
 from .cpu import SelfDraft, best_weights
 from .io.assets import ensure_default_target
 from .io.pair import load_model_cached
-from .train.acceptance import acceptance_report
+from .train.acceptance import acceptance_report, agreement_table, greedy_agreement
 from .train.distill import distill_main
 from .train.feature import feature_main
-from .train.prompts import distill_prompts, split_prompts
+from .train.handwritten import HANDWRITTEN_KINDS, HANDWRITTEN_PROMPTS
+from .train.magpie import SynthesisConfig, magpie_prefix, synthesize_prompts
+from .train.prompts import BENCH_KINDS, BENCH_PROMPTS, distill_prompts, split_prompts
 
 
 def _pair(args):
@@ -111,13 +113,54 @@ def cmd_distill_features(args):
 
 
 def cmd_acceptance(args):
+    """Greedy agreement per drafted position and tokens per step at K = 1..8 on the hand-written
+    held-out prompts and the benchmark prompts; --classic: the former report (alpha, tokens per
+    step measured with the engine, c) on the template prompts' held-out tenth."""
     pair = load_default_pair(args.device)
-    _, held = split_prompts(distill_prompts())
-    rep = acceptance_report(pair.target, pair.draft, held[:args.num_prompts], max_new_tokens=args.max_new_tokens,
-                            temperature=args.temperature)
-    print(rep.table())
+    if args.classic:
+        _, held = split_prompts(distill_prompts())
+        rep = acceptance_report(pair.target, pair.draft, held[:args.num_prompts or 12],
+                                max_new_tokens=args.max_new_tokens, temperature=args.temperature)
+        print(rep.table())
+        if args.json:
+            print(json.dumps(rep.__dict__))
+        return
+    draft = pair.draft if args.draft_kind == "token" else load_feature_draft(pair.target, args.feature_dir)
+    sets = {"held-out": (HANDWRITTEN_PROMPTS, HANDWRITTEN_KINDS), "bench": (BENCH_PROMPTS, BENCH_KINDS)}
+    n = args.num_prompts
+    reports = [greedy_agreement(pair.target, draft, sets[s][0][:n], args.max_new_tokens, args.k_max, name=s,
+                                kinds=sets[s][1][:n]) for s in args.sets]
+    print(f"greedy agreement of the {args.draft_kind} draft along the target's own greedy answers "
+          f"({args.max_new_tokens} new tokens); position i counts only where positions < i agreed")
+    print(agreement_table(reports))
     if args.json:
-        print(json.dumps(rep.__dict__))
+        print(json.dumps({"draft": args.draft_kind, "max_new_tokens": args.max_new_tokens,
+                          "sets": [r.as_dict() for r in reports]}))
+
+
+def _sets(text):
+    names = [s.strip() for s in text.split(",") if s.strip()]
+    if not names or any(s not in ("held-out", "bench") for s in names):
+        raise argparse.ArgumentTypeError(f"--sets must be a comma list of held-out, bench; got {text!r}")
+    return names
+
+
+def cmd_prompts(args):
+    """Prompts the target writes itself (train/magpie.py): a deduplicated file with its statistics."""
+    cfg = SynthesisConfig(n=args.synthesize, seed=args.seed, temperature=args.temperature, top_p=args.top_p,
+                          max_new_tokens=args.max_new_tokens, max_attempts=args.max_attempts,
+                          near_duplicate=args.near_duplicate, batch_size=args.batch_size)
+    cfg.check()  # before the target loads
+    pair = load_default_pair(args.device)
+    tok = pair.target.tokenizer
+    out = args.out or f"prompts_magpie_seed{args.seed}.json"
+    doc = synthesize_prompts(pair.target, magpie_prefix(tok), lambda ids: tok.decode(ids), cfg, out,
+                             draft=pair.draft if args.k else None, k=args.k, max_minutes=args.minutes)
+    st = doc["stats"]
+    where = out if doc["complete"] else f"{out}.partial (rerun to resume)"
+    print(f"{st['count']} prompts from {doc['attempts']} attempts (seed {cfg.seed}) -> {where}; "
+          f"{st['distinct_3grams']} distinct 3-grams; words median {st['words']['p50']}, "
+          f"p90 {st['words']['p90']}; rejected {doc['rejected']}")
 
 
 def cmd_bench(args):
@@ -218,12 +261,39 @@ def main(argv=None):
     f.add_argument("--steps", type=int, help="override the budget's optimizer steps")
     f.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (default 3e-3)")
     f.add_argument("--init", help="a feature draft's folder to continue training from (a second phase)")
-    a = sub.add_parser("acceptance", help="alpha, tokens per step at K = 1..8, and c on held-out prompts")
-    a.add_argument("--num-prompts", type=int, default=12)
+    a = sub.add_parser("acceptance", help="greedy agreement per drafted position and tokens per step at "
+                       "K = 1..8 on the hand-written held-out and the benchmark prompts")
+    a.add_argument("--sets", type=_sets, default=["held-out", "bench"],
+                   help="comma list of prompt sets: held-out (hand-written, train/handwritten.py), bench")
+    a.add_argument("--draft-kind", choices=["token", "feature"], default="token",
+                   help="the default pair's draft, or a feature draft (EAGLE-style) read from --feature-dir")
+    a.add_argument("--feature-dir", help="with --draft-kind feature: its folder (default: distill-features' "
+                                         "output where it exists, else the shipped one)")
+    a.add_argument("--num-prompts", type=int, help="the first N prompts of each set (default: all; 12 with --classic)")
     a.add_argument("--max-new-tokens", type=int, default=64)
-    a.add_argument("--temperature", type=float, default=0.0)
+    a.add_argument("--k-max", type=int, default=8, help="tokens per step at K = 1..k-max (default 8)")
+    a.add_argument("--classic", action="store_true", help="the former report: alpha, tokens per step measured "
+                   "with the engine at K = 1..8, and c, on the template prompts' held-out tenth")
+    a.add_argument("--temperature", type=float, default=0.0, help="with --classic: alpha's temperature")
     a.add_argument("--device", default="cpu")
-    a.add_argument("--json", action="store_true")
+    a.add_argument("--json", action="store_true", help="also print one JSON document")
+    p = sub.add_parser("prompts", help="synthesize prompts with the target (Magpie): a deduplicated file with "
+                       "its seed and statistics; resumable")
+    p.add_argument("--synthesize", type=int, required=True, metavar="N", help="prompts to keep")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", help="the prompt file (default: prompts_magpie_seed{SEED}.json here)")
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--top-p", type=float, default=0.95)
+    p.add_argument("--max-new-tokens", type=int, default=64, help="the length cap: a turn that reaches it is dropped")
+    p.add_argument("--max-attempts", type=int, default=0, help="give up after this many samples (default 20 N)")
+    p.add_argument("--near-duplicate", type=float, default=0.5,
+                   help="word 3-gram Jaccard at or above which two prompts count as one (default 0.5)")
+    p.add_argument("--batch-size", type=int, default=16, help="turns sampled side by side by the target "
+                   "(default 16: about 4x the turns per second of one at a time here); 1: one at a time")
+    p.add_argument("--k", type=int, default=3, help="with --batch-size 1: sample through the speculative engine "
+                   "at this K with the shipped draft (the same distribution); 0: autoregressive_generate")
+    p.add_argument("--minutes", type=float, help="stop after this long; a rerun resumes from the partial file")
+    p.add_argument("--device", default="cpu")
     add_bench_parser(sub)
     args = ap.parse_args(argv)
     if args.cmd == "generate" and not args.prompt.strip():
@@ -231,7 +301,7 @@ def main(argv=None):
         return 2
     try:
         {"fetch": cmd_fetch, "generate": cmd_generate, "distill": cmd_distill, "distill-features": cmd_distill_features,
-         "acceptance": cmd_acceptance, "bench": cmd_bench}[args.cmd](args)
+         "acceptance": cmd_acceptance, "prompts": cmd_prompts, "bench": cmd_bench}[args.cmd](args)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

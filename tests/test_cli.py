@@ -65,3 +65,41 @@ def test_generate_compare_times_both_and_reports_their_ratio_with_the_same_greed
     assert doc["same_output"] is True, "greedy speculative decoding must reproduce the baseline"
     bad = run_cli("generate", "--prompt", PROMPT, "--k", "0", "--compare")
     assert bad.returncode == 2 and "--k" in bad.stderr
+
+
+def test_prompts_with_a_bad_count_is_a_one_line_error_naming_it():
+    proc = run_cli("prompts", "--synthesize", "0")
+    assert proc.returncode == 2 and "--synthesize" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_acceptance_with_an_unknown_set_is_a_usage_error_naming_it():
+    proc = run_cli("acceptance", "--sets", "held-out,mystery")
+    assert proc.returncode == 2 and "--sets" in proc.stderr, proc.stderr
+
+
+@pytest.mark.slow
+def test_prompts_synthesize_writes_a_file_that_accounts_for_every_attempt(tmp_path):
+    out = tmp_path / "p.json"
+    proc = run_cli("prompts", "--synthesize", "2", "--batch-size", "4", "--max-attempts", "8",
+                   "--max-new-tokens", "24", "--seed", "5", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    assert doc["seed"] == 5 and doc["settings"]["batch_size"] == 4 and doc["complete"]
+    assert doc["attempts"] == len(doc["prompts"]) + sum(doc["rejected"].values()) in (4, 8), "whole batches of 4"
+    assert len(doc["prompts"]) >= 2 or doc["attempts"] == 8, "it stops at 2 prompts or 8 attempts, not before"
+    assert doc["stats"]["count"] == len(doc["prompts"]) and str(out) in proc.stdout
+
+
+@pytest.mark.slow
+def test_acceptance_reports_agreement_by_position_and_tokens_per_step():
+    proc = run_cli("acceptance", "--sets", "held-out,bench", "--num-prompts", "2", "--max-new-tokens", "8",
+                   "--k-max", "3", "--json")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    doc = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert [s["name"] for s in doc["sets"]] == ["held-out", "bench"]
+    for s in doc["sets"]:
+        assert s["num_prompts"] == 2 and s["drafted"][0] == s["answer_tokens"] <= 16
+        assert s["agreement"] == s["by_position"][0] == s["agreed"][0] / s["drafted"][0]
+        tps = [s["tokens_per_step"][k] for k in ("1", "2", "3")]
+        assert 1 <= tps[0] <= tps[1] <= tps[2] <= 4, tps
+    assert "pos 2" in proc.stdout and "K=3" in proc.stdout

@@ -10,6 +10,20 @@ For a target/draft pair and a prompt set it measures
          side by side, interleaved, medians.
 The formula it feeds (arXiv 2211.17192, Theorem 3.8): expected tokens per step
 (1 - alpha^(K+1)) / (1 - alpha) and speedup (1 - alpha^(K+1)) / ((1 - alpha)(K c + 1)).
+
+`greedy_agreement` measures greedy agreement per drafted position, with any draft the engine
+runs (a token draft, a feature draft). Along the target's own greedy answer a_0..a_{n-1}, the
+real drafter is started at every answer position t (the text up to a_{t-1} committed, exactly
+as after an engine step) and proposes d_1..d_k, k = min(k_max, n - t). Then:
+  position i is drafted from t when the draft proposed i tokens and d_1..d_{i-1} all equal
+         a_t..a_{t+i-2}: the draft's i-th token then reads exactly the text an engine step
+         would give it; it agrees when also d_i = a_{t+i-1}.
+  agreement at position i = agreed / drafted over every start of every answer; position 1 is
+         the usual teacher-forced greedy agreement (the draft's argmax equals the target's).
+  tokens per step at K = the mean over every start t of min(L + 1, n - t), L the number of
+         leading agreements among d_1..d_K: what a greedy engine step from t commits, cut to
+         the answer's length. It is computed from the agreements, not timed, and it averages
+         over every start, where an engine run visits only the starts its steps land on.
 """
 import statistics
 from dataclasses import dataclass, field
@@ -19,9 +33,11 @@ from tqdm.auto import tqdm
 
 from ..analysis.roofline import expected_speedup, expected_tokens_per_step
 from ..analysis.timing import Clock
-from ..api import SpeculativeEngine, autoregressive_generate
+from ..api import SpeculativeEngine, autoregressive_generate, make_drafter
+from ..core.config import SamplingConfig
+from ..core.drafter import Verdict
 from ..core.kv_cache import KVCache
-from ..core.sampling import logits_to_probs
+from ..core.sampling import logits_to_probs, make_generator
 
 
 @dataclass
@@ -137,3 +153,91 @@ def acceptance_report(target, draft, prompts, ks=range(1, 9), max_new_tokens=64,
     return AcceptanceReport(alpha, per_k, c, temperature, len(prompts), positions,
                             {k: expected_tokens_per_step(alpha, k) for k in per_k},
                             {k: expected_speedup(alpha, k, c) for k in per_k})
+
+
+# ----------------------------------------------------------------------------- greedy agreement by position
+
+@dataclass
+class AgreementReport:
+    name: str  # the prompt set
+    num_prompts: int
+    answer_tokens: int  # target answer tokens, one start position each
+    drafted: list  # drafted[i - 1]: starts where position i was drafted (positions < i agreed)
+    agreed: list  # agreed[i - 1]: of those, starts where position i agreed as well
+    tokens_per_step: dict  # K -> mean committed tokens per greedy step, from the agreements
+    by_kind: dict = field(default_factory=dict)  # kind -> [agreed, drafted] at position 1
+
+    def at(self, i: int) -> float:
+        """Agreement at drafted position i (1-based), given that positions < i agreed."""
+        return self.agreed[i - 1] / self.drafted[i - 1] if self.drafted[i - 1] else float("nan")
+
+    @property
+    def agreement(self) -> float:
+        """Greedy agreement: position 1, the draft's argmax against the target's at every answer token."""
+        return self.at(1)
+
+    def as_dict(self) -> dict:
+        return {"name": self.name, "num_prompts": self.num_prompts, "answer_tokens": self.answer_tokens,
+                "agreement": self.agreement, "by_position": [self.at(i) for i in range(1, len(self.drafted) + 1)],
+                "drafted": self.drafted, "agreed": self.agreed, "tokens_per_step": self.tokens_per_step,
+                "by_kind": {k: a / d for k, (a, d) in self.by_kind.items()}}
+
+
+def agreement_table(reports: list) -> str:
+    """Agreement at positions 1..3, then tokens per step at each K, one row per prompt set."""
+    w = max(len(r.name) for r in reports)
+    ks = list(reports[0].tokens_per_step)
+    rows = [f"{'prompt set':{w}}  prompts  tokens  agreement  pos 1  pos 2  pos 3",
+            *[f"{r.name:{w}}  {r.num_prompts:7d}  {r.answer_tokens:6d}  {r.agreement:9.3f}  "
+              f"{r.at(1):5.3f}  {r.at(2):5.3f}  {r.at(3):5.3f}" for r in reports],
+            "", f"{'tokens per step':{w}}  " + "  ".join(f"K={k:<3d}" for k in ks),
+            *[f"{r.name:{w}}  " + "  ".join(f"{r.tokens_per_step[k]:5.2f}" for k in ks) for r in reports]]
+    return "\n".join(rows)
+
+
+def run_lengths(proposed: list, answer: list) -> int:
+    """How many of the proposed tokens agree with the answer before the first that does not."""
+    n = 0
+    while n < len(proposed) and proposed[n] == answer[n]:
+        n += 1
+    return n
+
+
+@torch.no_grad()
+def greedy_agreement(target, draft, prompts, max_new_tokens=64, k_max=8, name="prompts", kinds=None,
+                     progress=True) -> AgreementReport:
+    """Agreement per drafted position and tokens per step at K = 1..k_max (the module docstring
+    defines both), for any draft the engine runs, along the target's own greedy answers."""
+    if isinstance(k_max, bool) or not isinstance(k_max, int) or not 1 <= k_max <= 16:
+        raise ValueError(f"k_max must be an int in [1, 16], got {k_max!r}")
+    if kinds is not None and len(kinds) != len(prompts):
+        raise ValueError(f"kinds must give one kind per prompt ({len(prompts)}), got {len(kinds)}")
+    greedy, g = SamplingConfig(temperature=0.0), make_generator(0, target.device)
+    drafted, agreed, by_kind = [0] * k_max, [0] * k_max, {}
+    committed, starts = dict.fromkeys(range(1, k_max + 1), 0), 0
+    for j, prompt in enumerate(tqdm(prompts, desc=f"agreement on {name}", disable=not progress)):
+        res = autoregressive_generate(target, prompt, max_new_tokens=max_new_tokens)
+        P, a = len(res.prompt_ids), res.tokens
+        seq = torch.tensor([res.prompt_ids + a], device=target.device)  # (1, P + n)
+        drafter = make_drafter(target, draft, P + len(a) + k_max + 2)
+        hidden = target.hidden(seq)[0] if drafter.needs_hidden else None  # (P + n, dim): states along the answer
+        drafter.prefill(res.prompt_ids, None if hidden is None else hidden[:P - 1])
+        for t in range(len(a)):
+            ids, _ = drafter.propose(min(k_max, len(a) - t), greedy, g)
+            d = ids.tolist()  # sync: one per start; this is a measurement, not the engine's loop
+            L = run_lengths(d, a[t:])
+            for i in range(min(L + 1, len(d))):  # positions 1..L agreed; L + 1 was drafted and did not
+                drafted[i] += 1
+                agreed[i] += i < L
+            for k in committed:
+                committed[k] += min(min(L, k) + 1, len(a) - t)
+            starts += 1
+            if kinds is not None and d:
+                ka = by_kind.setdefault(kinds[j], [0, 0])
+                ka[0], ka[1] = ka[0] + (L > 0), ka[1] + 1
+            # Step to t + 1 as a step that rejected d_1 and drew a_t would: the drafter keeps the
+            # committed text and hears the target's state at the pending token (hidden row 0).
+            verdict = Verdict(d, 0, a[t], ids, seq[0, P + t:P + t + 1])
+            drafter.commit(verdict, None if hidden is None else hidden[P + t - 1:P + t + len(d)])
+    return AgreementReport(name, len(prompts), starts, drafted, agreed,
+                           {k: v / max(starts, 1) for k, v in committed.items()}, by_kind)

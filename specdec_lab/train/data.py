@@ -14,6 +14,7 @@ from tqdm.auto import tqdm
 from ..core.kv_cache import KVCache
 from ..core.sampling import logits_to_probs, make_generator, sample
 from ..core.text import encode_prompt
+from .handwritten import is_held_out_text
 from .prompts import distill_prompts
 
 
@@ -82,6 +83,10 @@ def generate_data(target, tokenizer, out_dir, rounds=(0.7, 0.0, 1.0), batch_size
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     prompts = prompts if prompts is not None else distill_prompts()
+    leaked = [p for p in prompts if isinstance(p, str) and is_held_out_text(p)]
+    if leaked:  # refused, not dropped: dropping would shift the prompt indices that shards store
+        raise ValueError(f"prompts must not contain the hand-written held-out prompts (train/handwritten.py); "
+                         f"got {len(leaked)} of them, e.g. {leaked[0]!r}")
     encoded = [encode_prompt(tokenizer, p) for p in prompts]
     order = sorted(range(len(prompts)), key=lambda i: len(encoded[i]))  # similar lengths batch together
     batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
