@@ -26,6 +26,23 @@ ROOT = Path(__file__).resolve().parents[1]
 # ----------------------------------------------------------------------------- pure pieces
 
 
+@pytest.mark.parametrize("run", ["bench_full.json", "bench_slow_memory.json"])
+def test_prediction_gap_walks_from_theorem_3_8_to_the_measured_calls(run):
+    doc = json.loads((ROOT / "docs" / run).read_text())
+    for t in range(len(doc["results"])):
+        rows = bench.report.prediction_rows(doc, t)
+        assert [x["k"] for x in rows] == doc["config"]["ks"]
+        for x in rows:
+            s = doc["results"][t]["systems"][f"spec_k{x['k']}"]
+            chain = [v for _, v in bench.report.prediction_gap(x)]
+            assert chain[0] == pytest.approx(s["predicted_speedup"]), "starts at the theorem"
+            assert chain[1] == pytest.approx(s["predicted_speedup_with_verify_cost"]), "then v_K in place of 1"
+            assert chain[5] == pytest.approx(s["decode_speedup"]) and chain[6] == s["vs_ar"], "ends measured"
+            assert x["step"] == pytest.approx(x["draft"] + x["target"] + x["other"])
+    with pytest.raises(ValueError, match="temperature_index"):
+        bench.report.prediction_rows(doc, len(doc["results"]))
+
+
 def test_bytes_per_token_counts_every_weight_once_and_the_kv_cache_read():
     cfg = ModelConfig()  # SmolLM2-135M: tied embeddings, 30 layers, 3 KV heads of 64
     assert bytes_per_token(cfg, 0, 4) == cfg.num_params * 4, "a tied embedding is the head: read whole"

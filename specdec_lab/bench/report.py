@@ -1,4 +1,6 @@
-"""The benchmark's tables: what `python -m specdec_lab bench` prints before its JSON line."""
+"""The benchmark's tables: what `python -m specdec_lab bench` prints before its JSON line, and
+the prediction taken apart against the measurement (prediction_rows), as chapter 10 reads it."""
+from ..analysis.roofline import expected_tokens_per_step
 
 
 def _f(x, spec):
@@ -86,3 +88,84 @@ def format_synthetic(doc) -> str:
         rows.append(f"  alpha {a}: " + " ".join(f"K{k}:{v['speedup']:.2f}/{v['speedup_with_verify_cost']:.2f}"
                                                for k, v in per_k.items()))
     return "\n".join(rows)
+
+
+def prediction_rows(doc, temperature_index: int = 0) -> list[dict]:
+    """Theorem 3.8's prediction beside the measurement, term by term, for each fixed K of a run.
+
+    All costs are per speculative step in units of one autoregressive decode token of the same
+    run (its decode loop's seconds per token), so that the two sides read alike:
+
+      predicted: tokens (1 - alpha^(K+1)) / (1 - alpha) from the teacher-forced alpha; draft K c
+        with the c timed alone; target v_K, the timed K+1-token forward over a one-token one.
+      measured: tokens per step as the loop committed them; draft mean_K x c as the loop ran it;
+        target the step's target phase (the K+1 forward, verification, the sync and the commit);
+        step the whole decode loop per step (tokens per step / loop speedup), so `other` is the
+        loop's time outside both phases.
+      speedups: pred (Theorem 3.8, v_K = 1), pred_v (v_K in place of 1), loop (decode loops
+        only) and call (whole calls, prefill included, with its 95% interval over the prompts).
+    """
+    results = doc["results"]
+    if isinstance(temperature_index, bool) or not isinstance(temperature_index, int) \
+            or not 0 <= temperature_index < len(results):
+        raise ValueError(f"temperature_index must be an int in [0, {len(results)}), got {temperature_index!r}")
+    r, costs = results[temperature_index], doc["costs"]
+    sy, alpha, c = r["systems"], r["alpha"], costs["c"]
+    ar_token_s = 1.0 / sy["ar"]["decode_tokens_per_second"]
+    rows = []
+    for k in doc["config"]["ks"]:
+        s = sy.get(f"spec_k{k}")
+        if s is None:
+            continue
+        v = costs["verify_cost"][str(k)] if str(k) in costs["verify_cost"] else costs["verify_cost"][k]
+        step = s["mean_tokens_per_step"] / s["decode_speedup"]
+        draft, target = s["mean_k"] * s["c"], s["target_seconds_per_step"] / ar_token_s
+        rows.append({"k": k, "alpha": alpha, "c": c, "v": v,
+                     "tokens_predicted": expected_tokens_per_step(alpha, k), "tokens": s["mean_tokens_per_step"],
+                     "draft_predicted": k * c, "draft": draft, "c_loop": s["c"],
+                     "target_predicted": v, "target": target, "step_predicted": k * c + v, "step": step,
+                     "other": step - draft - target,
+                     "pred": s["predicted_speedup"], "pred_v": s["predicted_speedup_with_verify_cost"],
+                     "loop": s["decode_speedup"], "call": s["vs_ar"], "call_ci95": s.get("vs_ar_ci95")})
+    return rows
+
+
+def format_prediction(doc, temperature_index: int = 0) -> str:
+    """prediction_rows as a table: tokens per step, step cost by phase, and the four speedups."""
+    r = doc["results"][temperature_index]
+    rows = [f"temperature {r['temperature']:g}: alpha = {r['alpha']:.3f} (teacher-forced), c = "
+            f"{doc['costs']['c']:.3f} (timed alone); costs per step in AR decode tokens; predicted / measured",
+            f"{'K':>2s} {'tokens/step':>11s} {'draft':>11s} {'target':>11s} {'other':>6s} {'step':>11s}   "
+            f"{'pred':>5s} {'pred_v':>6s} {'loop':>5s} {'call':>5s} {'95% CI':>9s}"]
+    for x in prediction_rows(doc, temperature_index):
+        ci = x["call_ci95"]
+        ci = f"{ci[0]:.2f}-{ci[1]:.2f}" if ci else "-"
+        rows.append(f"{x['k']:2d} {x['tokens_predicted']:5.2f}/{x['tokens']:<5.2f} "
+                    f"{x['draft_predicted']:5.3f}/{x['draft']:<5.3f} {x['target_predicted']:5.2f}/{x['target']:<5.2f} "
+                    f"{x['other']:6.3f} {x['step_predicted']:5.2f}/{x['step']:<5.2f}   "
+                    f"{x['pred']:5.2f} {x['pred_v']:6.2f} {x['loop']:5.2f} {x['call']:5.2f} {ci:>9s}")
+    return "\n".join(rows)
+
+
+def prediction_gap(row: dict) -> list[tuple[str, float]]:
+    """From Theorem 3.8 to the measured whole calls, one assumption replaced by its measurement at
+    a time: (what changed, the speedup after it) for one of prediction_rows' rows. The sixth value
+    is the measured decode-loop speedup and the last the measured whole-call one."""
+    t, tm, v, kc = row["tokens_predicted"], row["tokens"], row["v"], row["draft_predicted"]
+    return [("Theorem 3.8 (v_K = 1)", t / (kc + 1.0)),
+            ("verification costs v_K", t / (kc + v)),
+            ("tokens per step as committed", tm / (kc + v)),
+            ("the draft as it ran in the loop", tm / (row["draft"] + v)),
+            ("the target phase as it ran", tm / (row["draft"] + row["target"])),
+            ("the rest of the loop = loop", tm / row["step"]),
+            ("prefill included = whole calls", row["call"])]
+
+
+def format_prediction_gap(doc, temperature_index: int = 0) -> str:
+    """prediction_gap for every fixed K of a run, one column per K."""
+    rows = prediction_rows(doc, temperature_index)
+    chains = [prediction_gap(x) for x in rows]
+    out = [f"{'speedup after replacing':34s}" + "".join(f"{'K=' + str(x['k']):>7s}" for x in rows)]
+    for i, (name, _) in enumerate(chains[0] if chains else []):
+        out.append(f"{name:34s}" + "".join(f"{chain[i][1]:7.2f}" for chain in chains))
+    return "\n".join(out)
