@@ -134,3 +134,30 @@ def test_build_model_gives_the_requested_dtype_and_an_inference_model():
     assert not built.training and not any(p.requires_grad for p in built.parameters())
     assert built.rope_cos.device.type == "cpu" and not built.rope_cos.is_meta, "rope tables left on meta"
     assert built.cfg == model.cfg
+
+
+def _save_sharded(model, folder, shards=3):
+    """model in Hugging Face layout, split over `shards` safetensors files with an index."""
+    folder.mkdir(parents=True, exist_ok=True)
+    sd = to_hf_state_dict(model)
+    names, weight_map = sorted(sd), {}
+    for i in range(shards):
+        part = names[i::shards]
+        file = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
+        save_file({n: sd[n] for n in part}, str(folder / file), metadata={"format": "pt"})
+        weight_map.update({n: file for n in part})
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    (folder / "config.json").write_text(json.dumps(config_to_hf(model.cfg)))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_sharded_safetensors_load_straight_to_the_dtype(tmp_path, dtype):
+    from specdec_lab.io.pair import tiny_model
+    from specdec_lab.io.weights import load_draft, load_model
+    model = tiny_model(seed=3, tie_embeddings=False)
+    _save_sharded(model, tmp_path / "sharded")
+    for loaded in (load_model(tmp_path / "sharded", dtype=dtype)[0], load_draft(tmp_path / "sharded", dtype=dtype)):
+        sd = loaded.state_dict()
+        assert {v.dtype for v in sd.values()} == {dtype}
+        for name, v in model.state_dict().items():
+            assert torch.equal(sd[name], v.to(dtype)), name

@@ -6,9 +6,13 @@ project's own `Transformer` with a shape check on every tensor. It returns
 (model, tokenizer). Supported: the Llama family (Llama, Mistral, SmolLM2) and
 Qwen2 (q/k/v biases). Anything else raises a ValueError naming it.
 
-A folder that already holds config.json and model.safetensors is read
-directly with safetensors, without building a transformers model: this is how
-the converted default target loads in a few seconds.
+A folder that already holds config.json and safetensors weights (one
+model.safetensors, or shards named by model.safetensors.index.json) is read
+directly with safetensors, without building a transformers model: each tensor
+goes straight to the device and the dtype asked for, so an 8B model in
+bfloat16 never has a float32 copy on the host. A hub id is fetched as such a
+folder when the hub has safetensors for it. This is how the converted default
+target loads in a few seconds.
 """
 import json
 import os
@@ -123,7 +127,38 @@ def build_model(cfg: ModelConfig, state_dict: dict, device="cpu", dtype=torch.fl
 
 
 def _is_converted_folder(path: Path) -> bool:
-    return path.is_dir() and (path / "config.json").exists() and (path / "model.safetensors").exists()
+    return path.is_dir() and (path / "config.json").exists() and bool(safetensors_files(path))
+
+
+def safetensors_files(folder: Path) -> list:
+    """The weight files of a folder: model.safetensors, or the shards its index names."""
+    index = folder / "model.safetensors.index.json"
+    if index.exists():
+        return [folder / f for f in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
+    return [folder / "model.safetensors"] if (folder / "model.safetensors").exists() else []
+
+
+def read_safetensors(folder: Path, device="cpu", dtype=torch.float32) -> dict:
+    """Every tensor of the folder's weight files, each read onto `device` and cast to `dtype` one
+    at a time: the host holds one tensor at most, never the whole model in float32."""
+    from safetensors import safe_open
+    sd = {}
+    for file in safetensors_files(folder):
+        with safe_open(str(file), framework="pt", device=str(device)) as f:
+            for name in f.keys():
+                sd[name] = f.get_tensor(name).to(dtype)
+    return sd
+
+
+def _hub_folder(source):
+    """A local snapshot of a hub id's config, tokenizer and safetensors files, or None when the id
+    has no safetensors (transformers then reads what there is)."""
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError:
+        return None
+    folder = Path(snapshot_download(str(source), allow_patterns=["*.json", "*.safetensors", "tokenizer*"]))
+    return folder if _is_converted_folder(folder) else None
 
 
 def load_tokenizer(source, gguf_file=None):
@@ -135,17 +170,18 @@ def load_model(source, device="cpu", dtype=torch.float32):
     """(Transformer, tokenizer) from a hub id, a local folder or a .gguf file.
     A local folder without tokenizer files (the shipped draft: it uses its target's) gives None."""
     path = Path(os.path.expanduser(str(source)))
+    if not path.exists() and path.suffix != ".gguf":
+        path = _hub_folder(source) or path
     if _is_converted_folder(path):
-        from safetensors.torch import load_file
         hf_cfg = json.loads((path / "config.json").read_text())
         has_tok = (path / "tokenizer.json").exists() or (path / "tokenizer.model").exists()
         tok = load_tokenizer(path) if has_tok else None
         cfg = config_from_hf(hf_cfg, eos_ids=[tok.eos_token_id] if tok is not None else [])
-        sd = load_file(str(path / "model.safetensors"))
+        sd = read_safetensors(path, device, dtype)
         if cfg.tie_embeddings and "lm_head.weight" in sd:
             del sd["lm_head.weight"]
         return build_model(cfg, from_hf_state_dict(sd, cfg), device, dtype), tok
-    hf_model, tok = load_hf_model(source)
+    hf_model, tok = load_hf_model(source, dtype=dtype)  # GGUF dequantizes to float32 whatever is asked
     cfg = config_from_hf(hf_model.config.to_dict(), eos_ids=[tok.eos_token_id])
     return build_model(cfg, from_hf_state_dict(hf_model.state_dict(), cfg), device, dtype), tok
 
@@ -224,10 +260,9 @@ def hf_generate(hf_model, ids, max_new_tokens, assistant=None, temperature=0.0, 
 def load_draft(folder, device="cpu", dtype=torch.float32):
     """A draft from a Hugging Face folder that holds no tokenizer (train.distill.save_draft writes
     none): the draft shares the target's, so only the weights are read."""
-    from safetensors.torch import load_file
     folder = Path(os.path.expanduser(str(folder)))
     cfg = config_from_hf(json.loads((folder / "config.json").read_text()))
-    sd = load_file(str(folder / "model.safetensors"))
+    sd = read_safetensors(folder, device, dtype)
     if cfg.tie_embeddings:
         sd.pop("lm_head.weight", None)
     return build_model(cfg, from_hf_state_dict(sd, cfg), device, dtype)
