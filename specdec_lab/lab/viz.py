@@ -246,7 +246,7 @@ def cache_drift_figure(steps_by_name, missing_by_name) -> go.Figure:
     fig.update_yaxes(title_text="accepted", rangemode="tozero", row=1, col=1)
     fig.update_yaxes(title_text="tokens", rangemode="tozero", row=2, col=1)
     fig.update_xaxes(title_text="step", row=2, col=1)
-    fig.update_layout(title="The draft's cache after rollback: correct against the seed's off-by-one", height=560)
+    fig.update_layout(title="The draft's cache after rollback: a correct rollback against an off-by-one", height=560)
     return fig
 
 
