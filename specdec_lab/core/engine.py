@@ -84,20 +84,25 @@ def _cut(tokens, budget, eos_ids):
 # counting and view tracking, and a one-token forward of the default target took 3% less time.
 @torch.inference_mode()
 def autoregressive_generate(model, prompt, max_new_tokens=128, temperature=0.0, top_p=1.0, seed=None,
-                            top_k=0, tokenizer=None, max_seq_len=None):
-    """The baseline: prefill, then one target forward and one sync per token."""
+                            top_k=0, tokenizer=None, max_seq_len=None, cache=None):
+    """The baseline: prefill, then one target forward and one sync per token. `cache`, when given,
+    is reset and reused (a compiled model keeps one cache, so its shapes never change); else a
+    cache is made for this call, of the engine's default capacity for a model with static shapes."""
     tokenizer = tokenizer or getattr(model, "tokenizer", None)
     check_generate_args(max_new_tokens, temperature, top_p, top_k)
     check_seed(seed)
     ids = encode_prompt(tokenizer, prompt)
     check_token_ids(ids, model.cfg.vocab_size)
-    capacity = len(ids) + max_new_tokens
+    static = getattr(model, "static_shapes", False)
+    capacity = cache.capacity if cache is not None else (
+        min(2048, model.cfg.max_seq_len) if static else len(ids) + max_new_tokens)
     check_capacity(len(ids), max_new_tokens, 0, capacity, max_seq_len or model.cfg.max_seq_len)
     device, eos = model.device, model.cfg.eos_token_ids
     g = make_generator(seed, device)
-    with torch.inference_mode(False):  # a normal tensor, like the engine's: compiled code is shared
-        cache = KVCache.for_model(model.cfg, capacity, dtype=model.dtype, device=device,
-                                  static=getattr(model, "static_shapes", False))
+    if cache is None:
+        with torch.inference_mode(False):  # a normal tensor, like the engine's: compiled code is shared
+            cache = KVCache.for_model(model.cfg, capacity, dtype=model.dtype, device=device, static=static)
+    cache.reset()
     stats, steps, out = RunStats(), [], []
     t0 = time.perf_counter()
     logits = model(torch.tensor([ids], device=device), cache=cache, last_only=True)[0, -1]  # the prompt's one copy

@@ -39,6 +39,13 @@ class KVCache:
         self.static = bool(static)
         # (S, S): row i allows columns 0..i. A forward at positions input_pos uses rows causal[input_pos].
         self.causal = torch.ones(capacity, capacity, dtype=torch.bool, device=device).tril() if static else None
+        if static and self.k.device.type == "cuda":
+            # CUDA graphs replay fixed addresses: a graph may write these buffers in place only if they
+            # are marked as living at one address for good. torch has no public name for this yet;
+            # transformers' StaticCache uses the same function.
+            from torch._dynamo import mark_static_address
+            for t in (self.k, self.v, self.causal):
+                mark_static_address(t)
 
     @classmethod
     def for_model(cls, cfg, capacity, batch_size=1, dtype=torch.float32, device="cpu", static=False):

@@ -233,6 +233,12 @@ class Transformer(nn.Module):
         self.static_shapes = True
         if compile:
             mode = mode or ("reduce-overhead" if self.device.type == "cuda" else "default")
+            # Each (model, row count, cache shape) is one graph of the one function static_forward,
+            # and torch counts a function's graphs together against a limit of 8: a target and its
+            # draft at a few K pass it. torch has no public setting for it; fullgraph=True below
+            # turns reaching it into an error instead of a silent eager fallback.
+            import torch._dynamo.config as dynamo_config
+            dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, 64)
             self.compiled = torch.compile(self.static_forward, mode=mode, dynamic=False, fullgraph=True)
         else:
             self.compiled = None
