@@ -17,8 +17,8 @@ p is always the target's distribution and q the draft's; alpha is the
 acceptance rate E[min(1, p/q)]; c is the cost of a draft forward relative to a
 target forward.
 """
-from .api import (LookupThenModelDrafter, SpeculativeEngine, autoregressive_generate, load_default_pair,
-                  load_feature_draft, load_pair, make_drafter)
+from .api import (LookupThenModelDrafter, SpeculativeEngine, autoregressive_generate, compiled_twin,
+                  load_default_pair, load_feature_draft, load_pair, make_drafter)
 from .core.config import MAX_K, ModelConfig, SamplingConfig
 from .core.engine import GenerationResult
 from .core.kv_cache import KVCache
@@ -36,5 +36,5 @@ __all__ = [
     "ModelPair", "default_draft_dir", "load_default_pair", "load_pair", "tiny_model", "verify",
     "verify_reference", "ModelDrafter", "NGramDrafter", "LookupThenModelDrafter", "make_drafter",
     "FeatureDraft", "FeatureDrafter", "default_feature_draft_dir", "load_feature_draft", "shipped_feature_draft_dir",
-    "SelfDraft", "accelerate",
+    "SelfDraft", "accelerate", "compiled_twin",
 ]
