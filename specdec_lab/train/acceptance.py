@@ -101,7 +101,8 @@ def measure_step_costs(target, draft, ks, context=128, reps=20, warmup=3) -> Ste
     device, clock = target.device, Clock(target.device)
     kmax = max(ks, default=1)
     models = (target,) if draft is None else (target, draft)
-    caches = {id(m): KVCache.for_model(m.cfg, context + kmax + 2, dtype=m.dtype, device=m.device) for m in models}
+    caches = {id(m): KVCache.for_model(m.cfg, context + kmax + 2, dtype=m.dtype, device=m.device,
+                                       static=getattr(m, "static_shapes", False)) for m in models}
     prefix = torch.zeros(1, context, dtype=torch.long, device=device)  # (1, context)
     for m in models:
         m(prefix, cache=caches[id(m)], last_only=True)
