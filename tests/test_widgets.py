@@ -93,6 +93,8 @@ def test_rejected_draft_tokens_are_struck_through_before_their_correction(defaul
     assert list(panel.chart.data[1].y) == [r.k - r.num_accepted for r in res.steps]
     assert panel.figure_values["accepted_share"] == pytest.approx(res.stats.accepted_share)
     assert panel.figure_values["speedup"] is None, "no baseline was run"
+    snapshot = panel.chart_snapshot()
+    assert list(snapshot.data[0].y) == [r.num_accepted for r in res.steps], "the snapshot is the chart's last state"
 
 
 def test_a_run_warms_each_engine_once_then_times_both_on_the_same_settings(default_target):

@@ -386,6 +386,10 @@ class DemoPanel:
         text = str(e) if isinstance(e, (str, ValueError)) else f"{type(e).__name__}: {e}"
         self.error.value = f'{STYLE}<div class="sdl-error">{html.escape(text)}</div>'
 
+    def chart_snapshot(self) -> go.Figure:
+        """The per-step chart as it stands, as a plain go.Figure (for viz.show's stored PNG)."""
+        return go.Figure(self.chart.to_dict())
+
     def fate_counts(self) -> dict:
         """How many tokens of each fate the last run's strip shows."""
         counts = dict.fromkeys(FATES, 0)
