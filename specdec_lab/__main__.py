@@ -4,7 +4,10 @@ import json
 import statistics
 import sys
 
-from .api import SpeculativeEngine, autoregressive_generate, load_default_pair, load_feature_draft, load_pair
+import torch
+
+from .api import (SpeculativeEngine, autoregressive_generate, check_dtype, compiled_twin, load_default_pair,
+                  load_feature_draft, load_pair)
 from .bench.main import bench_main
 from .cpu import SelfDraft, best_weights
 from .io.assets import ensure_default_target
@@ -17,10 +20,18 @@ from .train.magpie import SynthesisConfig, magpie_prefix, synthesize_prompts
 from .train.prompts import BENCH_KINDS, BENCH_PROMPTS, distill_prompts, split_prompts
 
 
+def _dtype(args):
+    """--dtype as a torch dtype; None (bfloat16 on CUDA, float32 on the CPU) when not given."""
+    return getattr(torch, args.dtype) if getattr(args, "dtype", None) else None
+
+
 def _pair(args):
+    compile = getattr(args, "compile", False)
+    if compile and getattr(args, "self_draft", False):
+        raise ValueError("--compile and --self-draft cannot be combined: the self-draft runs the CPU kernels")
     if args.target:
-        return load_pair(args.target, args.draft, args.device)
-    return load_default_pair(args.device)
+        return load_pair(args.target, args.draft, args.device, _dtype(args), compile=compile)
+    return load_default_pair(args.device, _dtype(args), compile=compile)
 
 
 def _engine(args, pair):
@@ -38,7 +49,9 @@ def cmd_generate(args):
     if args.compare:
         return compare_generate(args)
     if args.k == 0:
-        target = load_model_cached(args.target or ensure_default_target(), args.device)
+        target = load_model_cached(args.target or ensure_default_target(), args.device,
+                                   check_dtype(_dtype(args), args.device))
+        target = compiled_twin(target) if args.compile else target
         res = autoregressive_generate(target, args.prompt, max_new_tokens=args.max_new_tokens,
                                          temperature=args.temperature, top_p=args.top_p, seed=args.seed)
     else:
@@ -193,6 +206,8 @@ def add_bench_parser(sub):
     b.add_argument("--no-self-draft", action="store_true",
                    help="skip the self-draft's systems (the target's own weights in 4 bits or int8 as its draft)")
     b.add_argument("--device", default="cpu")
+    b.add_argument("--compile", action="store_true",
+                   help="time the models with static shapes and torch.compile instead of the CPU fast path")
     b.add_argument("--dtype", choices=["float32", "bfloat16", "float16"],
                    help="default float32 on CPU, bfloat16 on CUDA")
     b.add_argument("--synthetic", metavar="PRESET", choices=["llama3-8b", "smollm2-1.7b"],
@@ -229,6 +244,10 @@ def main(argv=None):
                    help="draft with the target's own weights read in 4 bits, or int8 where the kernels cannot "
                         "(cpu/self_draft.py), instead of the draft")
     g.add_argument("--device", default="cpu")
+    g.add_argument("--dtype", choices=["float32", "bfloat16", "float16"],
+                   help="default float32 on the CPU, bfloat16 on CUDA")
+    g.add_argument("--compile", action="store_true",
+                   help="static shapes and torch.compile (CUDA graphs on CUDA) instead of the CPU fast path")
     g.add_argument("--json", action="store_true", help="print one JSON document")
     g.add_argument("--compare", action="store_true",
                    help="also run the autoregressive baseline, alternating with --k, and print the speed ratio")

@@ -67,3 +67,15 @@ def test_engine_construction_names_what_is_wrong():
         sl.SpeculativeEngine("a target", sl.tiny_model(1), k=2)
     with pytest.raises(TypeError, match="accelerate"):
         sl.load_pair("a", "b", accelerate="yes")
+
+
+def test_static_shapes_refuse_what_they_cannot_run(capsys):
+    target, draft = sl.tiny_model(0), sl.tiny_model(1)
+    with pytest.raises(ValueError, match="cache='paged' cannot hold a model with static shapes"):
+        sl.SpeculativeEngine(sl.compiled_twin(target), draft, cache="paged")
+    with pytest.raises(ValueError, match="needs a plain model"):
+        sl.accelerate(sl.tiny_model(2)).use_static_shapes()
+    from specdec_lab.__main__ import main
+    with pytest.raises(SystemExit):
+        main(["generate", "--prompt", "hi", "--k", "4", "--compile", "--self-draft"])
+    assert "--compile and --self-draft cannot be combined" in capsys.readouterr().err
