@@ -286,5 +286,7 @@ def test_pvalue_histogram_figure_has_one_histogram_per_sampler_on_equal_bins():
     fig = _pure(lambda: viz.pvalue_histogram_figure({"good": [0.1, 0.5, 0.9], "bad": [0.0, 0.0]}, bins=5))
     assert [t.name for t in fig.data] == ["good (3 runs)", "bad (2 runs)"]
     assert fig.data[0].xbins.size == pytest.approx(0.2)
+    coloured = viz.pvalue_histogram_figure({"good": [0.5], "bad": [0.0]}, colors={"bad": viz.BAD})
+    assert coloured.data[1].marker.color == viz.BAD and coloured.data[0].marker.color == viz.PALETTE[0]
     with pytest.raises(ValueError, match="bins must be an int >= 2, got 1"):
         viz.pvalue_histogram_figure({"x": [0.5]}, bins=1)

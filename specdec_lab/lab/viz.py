@@ -177,17 +177,18 @@ def acceptance_figure(p, q, labels=None) -> go.Figure:
     return fig
 
 
-def pvalue_histogram_figure(pvalues_by_name, bins=10, threshold=1e-3) -> go.Figure:
+def pvalue_histogram_figure(pvalues_by_name, bins=10, threshold=1e-3, colors=None) -> go.Figure:
     """Histograms of chi-square p-values, one per sampler ({name: [p-value per run]}), on [0, 1]
     in `bins` equal bins, as a share of each sampler's runs. A sampler distributed as the target
-    gives uniform p-values: every bin near 1 / bins (dashed). `threshold` is marked."""
+    gives uniform p-values: every bin near 1 / bins (dashed). `threshold` is marked.
+    colors: {name: colour} for some samplers (e.g. GOOD, BAD); the others take PALETTE's."""
     if isinstance(bins, bool) or not isinstance(bins, int) or bins < 2:
         raise ValueError(f"bins must be an int >= 2, got {bins!r}")
     fig = go.Figure()
     for i, (name, values) in enumerate(pvalues_by_name.items()):
         fig.add_trace(go.Histogram(x=list(values), name=f"{name} ({len(values)} runs)", histnorm="probability",
                                    xbins=dict(start=0.0, end=1.0, size=1.0 / bins), opacity=0.7,
-                                   marker_color=PALETTE[i % len(PALETTE)]))
+                                   marker_color=(colors or {}).get(name, PALETTE[i % len(PALETTE)])))
     fig.add_hline(y=1.0 / bins, line=dict(color="black", dash="dash"), annotation_text="uniform",
                   annotation_position="top right")
     fig.add_vline(x=threshold, line=dict(color=BAD, dash="dot"))
