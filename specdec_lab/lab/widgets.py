@@ -170,7 +170,8 @@ class DemoPanel:
     """The demo panel. `DemoPanel(pair)` with a ModelPair, or `DemoPanel(target, draft)`.
 
     Controls (widgets, set `.value`): prompt, k, temperature, top_p, max_new_tokens,
-    seed, drafter ("model" | "ngram" | "adaptive"), pair, baseline, run_button, and
+    seed, drafter ("model" | "ngram" | "adaptive" | "lookup"), pair, baseline (time the target
+    alone too; on by default), run_button, and
     hub_target, hub_draft, load_button for hub pairs (CUDA only).
     Displays: strip, chart (a plotly FigureWidget), figures, status, error.
     After run(): result, baseline_result, figure_values (the numbers on the cards);
