@@ -111,3 +111,15 @@ def test_compiled_forwards_equal_eager_ones():
     got = SpeculativeEngine(c_target, c_draft, k=4).generate(PROMPT, 40)
     assert got.tokens == want.tokens
     assert autoregressive_generate(c_target, PROMPT, 40).tokens == autoregressive_generate(target, PROMPT, 40).tokens
+
+
+def test_a_feature_draft_reads_the_static_targets_states():
+    """The target's hidden-state forward (a feature draft's input) takes the static path too."""
+    from specdec_lab.drafters import FeatureDraft
+    target, _ = pair()
+    s_target, _ = pair(static=True)
+    fd = FeatureDraft(target, seed=2).eval().requires_grad_(False)
+    want = SpeculativeEngine(target, fd, k=3).generate(PROMPT, 32)
+    got = SpeculativeEngine(s_target, fd, k=3).generate(PROMPT, 32)
+    assert got.tokens == want.tokens
+    assert [r.num_accepted for r in got.steps] == [r.num_accepted for r in want.steps]
