@@ -38,7 +38,9 @@ def _lines(path: Path) -> int:
 
 def test_the_core_is_small_and_no_module_is_long():
     core = {p.name: _lines(p) for p in (PACKAGE / "core").glob("*.py")}
-    assert sum(core.values()) <= 1100, f"core/ has {sum(core.values())} lines: {core}"
-    assert core["model.py"] <= 300 and core["engine.py"] <= 250, core
+    # The static-shape path for torch.compile (docs/design.md) added about 140 lines to model.py,
+    # kv_cache.py and engine.py.
+    assert sum(core.values()) <= 1300, f"core/ has {sum(core.values())} lines: {core}"
+    assert core["model.py"] <= 380 and core["engine.py"] <= 260, core
     long = {str(p.relative_to(PACKAGE)): n for p in PACKAGE.rglob("*.py") if (n := _lines(p)) > 500}
     assert not long, f"modules over 500 lines: {long}"

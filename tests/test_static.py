@@ -58,8 +58,15 @@ def test_static_engine_gives_the_eager_engines_tokens(temperature):
     s_target, s_draft = pair(static=True)
     want = SpeculativeEngine(target, draft, k=4).generate(PROMPT, 40, temperature=temperature, seed=3)
     got = SpeculativeEngine(s_target, s_draft, k=4).generate(PROMPT, 40, temperature=temperature, seed=3)
-    assert got.tokens == want.tokens
-    assert [r.num_accepted for r in got.steps] == [r.num_accepted for r in want.steps]
+    # Near the budget the eager engine drafts fewer than K; with static shapes it drafts a full K
+    # (one graph, not several). When sampling, those steps draw other random numbers, so only the
+    # steps before the first shortened one must match.
+    full = next((i for i, r in enumerate(want.steps) if r.k < 4), len(want.steps))
+    n = sum(len(r.committed) for r in want.steps[:full])
+    assert full > 3 and got.tokens[:n] == want.tokens[:n]
+    assert [r.num_accepted for r in got.steps[:full]] == [r.num_accepted for r in want.steps[:full]]
+    if temperature == 0:
+        assert got.tokens == want.tokens
     assert autoregressive_generate(s_target, PROMPT, 40).tokens == autoregressive_generate(target, PROMPT, 40).tokens
 
 

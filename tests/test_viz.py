@@ -162,40 +162,6 @@ def test_bench_figure_shows_systems_predictions_and_the_verify_cost():
     assert viz.bench_figure(json.loads(json.dumps(doc))).to_json() == viz.bench_figure(doc).to_json()
 
 
-def test_bench_kinds_figure_groups_the_speedups_by_kind_of_prompt():
-    def kinds(chat, lists):
-        return {"chat": {"vs_ar": chat}, "list": {"vs_ar": lists}}
-    sy = {"ar": {"label": "AR", "k": None, "calls": 2, "tokens_per_second": 10.0, "by_kind": kinds(1.0, 1.0)},
-          "spec_k2": {"label": "K=2", "k": 2, "tokens_per_second": 12.0, "by_kind": kinds(1.1, 1.3)},
-          "spec_k4": {"label": "K=4", "k": 4, "tokens_per_second": 13.0, "by_kind": kinds(1.2, 1.4)},
-          "spec_lookup": {"label": "lookup", "k": "<=6", "tokens_per_second": 15.0, "by_kind": kinds(1.2, 2.5)},
-          "hf_assisted": {"label": "assisted", "k": None, "tokens_per_second": 5.0, "by_kind": kinds(0.5, 0.4)}}
-    doc = {"results": [{"temperature": 0.0, "systems": sy}]}
-    fig = _pure(lambda: viz.bench_kinds_figure(doc))
-    assert [t.name for t in fig.data] == ["K=4", "lookup", "assisted"], "the fastest fixed K, the rest, assisted"
-    assert list(fig.data[1].x) == ["chat", "list"] and list(fig.data[1].y) == [1.2, 2.5]
-    assert fig.data[2].marker.color == viz.NEUTRAL
-    assert [t.name for t in viz.bench_kinds_figure(doc, names=["spec_k2"]).data] == ["K=2"]
-
-
-def test_stored_runs_figure_puts_each_runs_verify_cost_and_ratios_side_by_side():
-    import json
-    def run(vk, ar_vs_hf, best):
-        sy = {"ar": {"vs_ar": 1.0, "vs_hf_generate": ar_vs_hf}, "spec_k2": {"vs_ar": best - 0.1},
-              "spec_lookup": {"vs_ar": best}, "hf_generate": {"vs_ar": 1 / ar_vs_hf}}
-        return {"costs": {"verify_cost": vk}, "results": [{"temperature": 0.0, "systems": sy},
-                                                          {"temperature": 0.7, "systems": sy}]}
-    docs = {"fast memory": run({1: 1.1, 2: 1.3}, 1.9, 1.5), "slow memory": json.loads(json.dumps(run({1: 1.0, 2: 1.0}, 1.4, 1.6)))}
-    fig = _pure(lambda: viz.stored_runs_figure(docs))
-    fast_v, fast_bars, slow_v, slow_bars = fig.data
-    assert list(fast_v.x) == [1, 2] and list(fast_v.y) == [1.1, 1.3]
-    assert list(slow_v.x) == [1, 2] and list(slow_v.y) == [1.0, 1.0], "str keys from a loaded file are sorted as K"
-    assert list(fast_bars.x) == ["AR / generate, T=0", "best spec / AR, T=0", "AR / generate, T=0.7",
-                                 "best spec / AR, T=0.7"]
-    assert list(fast_bars.y) == [1.9, 1.5, 1.9, 1.5] and list(slow_bars.y) == [1.4, 1.6, 1.4, 1.6]
-    assert fast_v.line.color == fast_bars.marker.color != slow_bars.marker.color
-
-
 def test_adaptive_k_figure_aligns_steps_on_output_position_and_marks_requests():
     ks = {"K=4": [4, 4, 0, 4], "cost-aware": [4, 2, 0, 8, 8]}
     committed = {"K=4": [1, 5, 1, 3], "cost-aware": [1, 3, 1, 2, 3]}

@@ -183,7 +183,10 @@ class Engine:
         t_start = time.perf_counter()
         while len(out) < max_new_tokens:
             k_step = self.controller.next_k() if self.controller is not None else k
-            k_step = min(k_step, max_new_tokens - len(out) - 1)  # never draft past the budget
+            if not getattr(self.target, "static_shapes", False):  # never draft past the budget ...
+                k_step = min(k_step, max_new_tokens - len(out) - 1)
+            # ... except with static shapes: there a smaller K would be one more graph to compile
+            # (for a few extra draft tokens at the very end, which _cut drops).
             rec, c = self._step(c, k_step, sampling, g, len(steps))
             rec.committed = _cut(rec.drafted[:rec.num_accepted] + [rec.next_token], max_new_tokens - len(out), eos)
             out += rec.committed

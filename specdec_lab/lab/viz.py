@@ -6,71 +6,21 @@ core never imports this module (the layers: docs/design.md).
 
 `show(fig)` is how a chapter displays a figure: interactive in JupyterLab, and a PNG of it
 stored in the same output, so that a chapter read where no JavaScript runs (GitHub, nbviewer)
-still shows its figures. The PNG is drawn by plotly's static export (kaleido) in a headless
-Chromium or Chrome.
+still shows its figures (static_figures.py, re-exported here).
 """
-import base64
 import math
-import os
-import shutil
 
-import kaleido
 import plotly.graph_objects as go
-import plotly.io as pio
-from IPython.display import display
 from plotly.subplots import make_subplots
 
 from ..analysis.roofline import attainable_flops, expected_speedup
+from .static_figures import browser_path, figure_bundle, png, show  # noqa: F401 (re-exported)
 from .trace import show_piece
 
 COLORS = {"contiguous": "#d62728", "paged": "#1f77b4"}
 GOOD, BAD, NEUTRAL = "#2ca02c", "#d62728", "#7f7f7f"
 WHITE, BLUE = "#f7f7f7", "#08519c"
 PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf"]
-
-
-BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")  # searched on PATH
-
-
-def browser_path() -> str:
-    """The Chromium or Chrome that draws static figures: $BROWSER_PATH when set, else the first of
-    BROWSERS on PATH. Raises RuntimeError saying how to get one when there is none."""
-    path = os.environ.get("BROWSER_PATH") or next(filter(None, map(shutil.which, BROWSERS)), None)
-    if path is None or not os.access(path, os.X_OK):
-        where = f"BROWSER_PATH={path!r} is not an executable" if path else f"none of {', '.join(BROWSERS)} is on PATH"
-        raise RuntimeError(f"static figures need Chromium or Chrome, and {where}: install one "
-                           "(scripts/install_browser.sh does on Debian or Ubuntu) or set BROWSER_PATH to its binary")
-    return path
-
-
-def png(fig, width=900, height=None, scale=1.0) -> bytes:
-    """The figure as PNG bytes, `width` x `height` layout pixels (height: the figure's own, else
-    450) times `scale`. The same figure gives the same bytes on the same machine."""
-    for name, value in (("width", width), ("height", height), ("scale", scale)):
-        if value is not None and not (isinstance(value, (int, float)) and value > 0):
-            raise ValueError(f"{name} must be a positive number, got {value!r}")
-    if not isinstance(fig, go.Figure):
-        raise ValueError(f"fig must be a plotly go.Figure, got {type(fig).__name__}")
-    height = height or fig.layout.height or 450
-    # One browser per process, started on the first figure and closed at exit: a chapter's
-    # figures after the first take a fraction of a second instead of a browser start each.
-    kaleido.start_sync_server(path=browser_path(), mathjax=False, silence_warnings=True)
-    return kaleido.calc_fig_sync(fig.to_dict(), opts=dict(format="png", width=width, height=height, scale=scale))
-
-
-def figure_bundle(fig, width=900, height=None) -> dict:
-    """What show() displays: plotly's JSON (JupyterLab draws it interactively), a PNG of the same
-    figure (what GitHub and nbviewer draw; JupyterLab shows it until the pointer enters), and a
-    one-line text naming the figure."""
-    title = fig.layout.title.text or "untitled"
-    return {**pio.renderers["plotly_mimetype"].to_mimebundle(fig.to_dict()),
-            "image/png": base64.b64encode(png(fig, width, height)).decode("ascii"),
-            "text/plain": f"<figure: {title}>"}
-
-
-def show(fig, width=900, height=None) -> None:
-    """Display a figure in a notebook, interactive and as a stored PNG (figure_bundle)."""
-    display(figure_bundle(fig, width, height), raw=True)
 
 
 def _log_range(lo, hi, n=60):
@@ -479,70 +429,6 @@ def bench_figure(doc, temperature_index=0) -> go.Figure:
                             f"c = {doc['costs']['c']:.3f}", height=480,
                       legend=dict(orientation="h", y=-0.35, x=0.4))
     return fig
-
-
-def bench_kinds_figure(doc, temperature_index=0, names=None) -> go.Figure:
-    """Speedup over this engine's autoregressive decode per kind of prompt (chat, code, summary,
-    list), one bar group per kind and one bar per system: where each way of drafting pays.
-    `names`: the systems to show (JSON keys), by default every speculative one that is not a
-    fixed K, the fastest fixed K, and transformers' assisted generation."""
-    r = doc["results"][temperature_index]
-    sy = r["systems"]
-    if names is None:
-        fixed = [n for n, s in sy.items() if isinstance(s.get("k"), int)]
-        best = [max(fixed, key=lambda n: sy[n]["tokens_per_second"])] if fixed else []
-        names = best + [n for n, s in sy.items() if n.startswith("spec_") and not isinstance(s.get("k"), int)]
-        names += [n for n in ("hf_assisted",) if n in sy]
-    kinds = list(sy[names[0]]["by_kind"])
-    fig = go.Figure()
-    for i, n in enumerate(names):
-        bk = sy[n]["by_kind"]
-        fig.add_trace(go.Bar(x=kinds, y=[bk[k]["vs_ar"] for k in kinds], name=sy[n]["label"],
-                             marker_color=NEUTRAL if n.startswith("hf_") else PALETTE[i % len(PALETTE)],
-                             text=[f"{bk[k]['vs_ar']:.2f}" if bk[k]["vs_ar"] else "" for k in kinds],
-                             textposition="outside", cliponaxis=False))
-    fig.add_hline(y=1.0, line=dict(color="black", width=1))
-    fig.update_layout(barmode="group", height=420, yaxis_title="speedup over autoregressive",
-                      title=f"Where each drafter pays, temperature {r['temperature']:g} "
-                            f"({sy['ar']['calls']} prompts)", legend=dict(orientation="h", y=-0.15))
-    return fig
-
-
-def stored_runs_figure(docs) -> go.Figure:
-    """Several bench.run_bench documents of the same command, side by side ({name: doc}). Left: the
-    cost of verifying K+1 tokens over one (v_K) in each run. Right: the ratios that moved with the
-    machine: this engine's decode over transformers' `generate` and the fastest speculative system
-    over this engine's decode, at each temperature, one bar per run."""
-    fig = make_subplots(rows=1, cols=2, column_widths=[0.4, 0.6],
-                        subplot_titles=("verifying K+1 tokens / one token", "ratios of the run"))
-    for i, (name, doc) in enumerate(docs.items()):
-        color = PALETTE[i % len(PALETTE)]
-        verify = {int(k): v for k, v in doc["costs"]["verify_cost"].items()}  # JSON turns int keys to str
-        ks = sorted(verify)
-        fig.add_trace(go.Scatter(x=ks, y=[verify[k] for k in ks], mode="lines+markers", name=name,
-                                 legendgroup=name, line=dict(color=color)), row=1, col=1)
-        labels, values = [], []
-        for r in doc["results"]:
-            sy, t = r["systems"], f"T={r['temperature']:g}"
-            spec = [s for n, s in sy.items() if n.startswith("spec_")]
-            if "hf_generate" in sy:
-                labels.append(f"AR / generate, {t}")
-                values.append(sy["ar"]["vs_hf_generate"])
-            if spec:
-                labels.append(f"best spec / AR, {t}")
-                values.append(max(s["vs_ar"] for s in spec))
-        fig.add_trace(go.Bar(x=labels, y=values, name=name, legendgroup=name, showlegend=False, marker_color=color,
-                             text=[f"{v:.2f}" for v in values], textposition="outside", cliponaxis=False),
-                      row=1, col=2)
-    fig.add_hline(y=1.0, line=dict(color=NEUTRAL, dash="dot"), row=1, col=1)
-    fig.update_xaxes(title_text="K", dtick=1, row=1, col=1)
-    fig.update_yaxes(rangemode="tozero", row=1, col=2)
-    fig.update_layout(barmode="group", height=420, title="The same benchmark command, stored more than once",
-                      legend=dict(orientation="h", y=-0.2))
-    return fig
-
-
-# --------------------------------------------------------------------------- chapter 07: adaptive K
 
 
 def adaptive_k_figure(k_by_name, committed_by_name, requests=None, reference=(),
