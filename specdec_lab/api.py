@@ -4,6 +4,7 @@
 
     a specdec_lab Transformer         -> drafters.ModelDrafter (its own cache)
     a FeatureDraft (EAGLE-style)      -> drafters.FeatureDrafter (reads the target's states)
+    an Eagle3Draft (EAGLE-3-style)    -> drafters.Eagle3Drafter (reads a few of the target's layers)
     a SelfDraft (the target, rounded) -> cpu.SelfDrafter (the target's own cache), behind prompt
                                          lookup with SelfDraft(lookup=True)
     anything with `propose`           -> used as it is (a drafter of core/drafter.py's protocol)
@@ -20,7 +21,8 @@ from .core.kv_cache import KVCache
 from .core.model import Transformer
 from .cpu import SelfDraft, SelfDrafter, accelerated
 from .cpu import accelerate as accelerate_in_place
-from .drafters import FeatureDraft, FeatureDrafter, LookupDrafter, ModelDrafter
+from .drafters import Eagle3Draft, Eagle3Drafter, FeatureDraft, FeatureDrafter, LookupDrafter, ModelDrafter
+from .drafters.eagle3 import load_eagle3_draft as _load_eagle3_draft
 from .drafters.feature import load_feature_draft as _load_feature_draft
 from .io.assets import ensure_default_target
 from .io.pair import (ModelPair, _CACHE, check_device, check_source, default_draft_dir, load_model_cached,
@@ -43,6 +45,8 @@ def cache_factory(kind, block_size=16):
 
 def _model_drafter(draft, capacity, factory=KVCache.for_model, stop_below=None):
     """The drafter behind prompt lookup: for a draft model, or a drafter built already."""
+    if isinstance(draft, Eagle3Draft):
+        return Eagle3Drafter(draft, capacity, factory, stop_below=stop_below)
     if isinstance(draft, FeatureDraft):
         return FeatureDrafter(draft, capacity, factory, stop_below=stop_below)
     if isinstance(draft, Transformer):
@@ -66,6 +70,9 @@ def make_drafter(target, draft, capacity, factory=KVCache.for_model, target_cach
     if isinstance(draft, FeatureDraft) and draft.state_width != target.cfg.dim:
         raise ValueError(f"the feature draft reads states of width {draft.state_width}; the target's are "
                          f"{target.cfg.dim}: build the draft for this target")
+    if isinstance(draft, Eagle3Draft) and draft.hidden_layers[-1] >= target.cfg.n_layers:
+        raise ValueError(f"the draft reads target layers {draft.hidden_layers}; the target has "
+                         f"{target.cfg.n_layers}: build the draft for this target")
     if isinstance(draft, Transformer) and draft.cfg.vocab_size != target.cfg.vocab_size:
         raise ValueError(f"draft vocabulary ({draft.cfg.vocab_size}) differs from the target's "
                          f"({target.cfg.vocab_size}); the draft must share the target's tokenizer")
@@ -211,6 +218,14 @@ def load_default_pair(device="cpu", dtype=None, accelerate=None, compile=False) 
 def load_feature_draft(target, folder=None, accelerate=None):
     """drafters.load_feature_draft, made fast on the CPU like load_pair's draft (accelerate=None)."""
     model = _load_feature_draft(target, folder)
+    if _check_accelerate(accelerate, target.device):
+        accelerate_in_place(model.body, weights="float16")
+    return model
+
+
+def load_eagle3_draft(target, folder, accelerate=None):
+    """drafters.load_eagle3_draft, its layer made fast on the CPU like load_feature_draft's."""
+    model = _load_eagle3_draft(target, folder)
     if _check_accelerate(accelerate, target.device):
         accelerate_in_place(model.body, weights="float16")
     return model

@@ -17,7 +17,10 @@ verdict's device tensors, adds nothing.
 `needs_hidden` is a declaration, not a method: a drafter that sets it reads the
 target's final hidden states (an EAGLE-style feature draft), and the engine then
 passes them: (len(prompt) - 1, dim) to prefill, the verification forward's
-(k' + 1, dim) to commit. Otherwise `hidden` is None.
+(k' + 1, dim) to commit. Otherwise `hidden` is None. `hidden_layers`, a second declaration
+(absent or None for the others), names target layers (i, j, ...) whose residual-stream states
+the drafter reads instead of the final ones (an EAGLE-3-style draft, arXiv 2503.01840): then
+`hidden` is those layers' states concatenated, (rows, len(hidden_layers) * dim).
 
 Drafters live in specdec_lab/drafters/ (a model, prompt lookup, a feature draft)
 and cpu/ (the target read at low precision); api.make_drafter builds the right
@@ -61,6 +64,7 @@ class Verdict:
 class Drafter(Protocol):
     needs_hidden: bool
     host_syncs: int
+    hidden_layers: tuple | None = None  # with needs_hidden: the target layers whose states it reads
 
     def prefill(self, prompt_ids: list, hidden: torch.Tensor | None = None) -> None: ...
 

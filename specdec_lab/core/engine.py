@@ -171,7 +171,7 @@ class Engine:
         if len(ids) > 1:  # the prompt but its last token, which the first step feeds as c
             x = prompt[:-1].view(1, -1)  # (1, len - 1)
             if self.drafter.needs_hidden:
-                hidden = self.target.hidden(x, cache=self.cache)[0]  # (len - 1, dim)
+                hidden = self._target_states(x)[1][0]  # (len - 1, dim), or (len - 1, layers * dim)
             else:
                 self.target(x, cache=self.cache, last_only=True)
         self.drafter.prefill(ids, hidden)
@@ -201,6 +201,16 @@ class Engine:
         stats.seconds = time.perf_counter() - t_start
         return GenerationResult(out, _decode(self.tokenizer, out), steps, stats, ids)
 
+    def _target_states(self, x):
+        """The target's forward over x (1, T) into the cache, for a drafter that reads its states:
+        (final states (1, T, dim), what the drafter reads: those, or the residual stream of the
+        layers it declares in `hidden_layers`, concatenated (1, T, layers * dim))."""
+        layers = getattr(self.drafter, "hidden_layers", None)
+        if layers is None:
+            final = self.target.hidden(x, cache=self.cache)
+            return final, final
+        return self.target.hidden(x, cache=self.cache, layers=layers)
+
     def _step(self, c, k, sampling, g, step_index) -> tuple[StepRecord, torch.Tensor]:
         """One step from c, (1,) on the device: its record, and the next step's c, (1,) on the device."""
         device, drafter_syncs = self.target.device, self.drafter.host_syncs
@@ -219,8 +229,9 @@ class Engine:
         base = self.cache.length
         hidden = None
         if self.drafter.needs_hidden:
-            hidden = self.target.hidden(x, cache=self.cache)[0]  # (K+1, dim)
-            logits = self.target.head(hidden).float()  # (K+1, V)
+            final, hidden = self._target_states(x)
+            hidden = hidden[0]  # (K+1, dim), or (K+1, layers * dim)
+            logits = self.target.head(final[0]).float()  # (K+1, V)
         else:
             logits = self.target(x, cache=self.cache)[0]  # (K+1, V)
 

@@ -269,12 +269,17 @@ class Transformer(nn.Module):
             x = x[:, -1:]  # (B, 1, dim)
         return self.head(x).float()  # (B, T, V)
 
-    def hidden(self, tokens, input_pos=None, cache=None, mask=None, embeds=None):
+    def hidden(self, tokens, input_pos=None, cache=None, mask=None, embeds=None, layers=None):
         """The final normalised hidden states (B, T, dim), before the output head.
-        `embeds` (B, T, dim) replaces the token embeddings (a feature draft builds its own)."""
+        `embeds` (B, T, dim) replaces the token embeddings (a feature draft builds its own).
+        `layers`, increasing layer indices (i, j, ...): returns (final states, the residual stream
+        after each of those layers, concatenated (B, T, len(layers) * dim)), for a draft that reads
+        more of the target than its last layer (EAGLE-3, arXiv 2503.01840)."""
+        if layers is not None:
+            check_layers(layers, self.cfg.n_layers)
         if getattr(cache, "static", False):
-            return self._static(tokens, input_pos, cache, mask, embeds, False, False)
-        if self.fast_rows is not None:
+            return self._static(tokens, input_pos, cache, mask, embeds, False, False, layers)
+        if self.fast_rows is not None and layers is None:  # the one-call path gives the last layer only
             x = self.fast_rows.hidden(tokens, input_pos, cache, mask, embeds)
             if x is not None:
                 return x
@@ -289,13 +294,16 @@ class Transformer(nn.Module):
         cos = self.rope_cos[input_pos].to(self.dtype)[:, None]  # (T, 1, D): broadcast over heads
         sin = self.rope_sin[input_pos].to(self.dtype)[:, None]  # (T, 1, D)
         x = self.embed_tokens(tokens) if embeds is None else embeds  # (B, T, dim)
+        taps = []
         for i, block in enumerate(self.layers):
             x = block(x, cos, sin, i, cache, mask)
+            if layers is not None and i in layers:
+                taps.append(x)
         if cache is not None:
             cache.advance(T)
-        return self.norm(x)
+        return self.norm(x) if layers is None else (self.norm(x), torch.cat(taps, -1))  # (B, T, n * dim)
 
-    def _static(self, tokens, input_pos, cache, mask, embeds, head, last_only):
+    def _static(self, tokens, input_pos, cache, mask, embeds, head, last_only, layers=None):
         """A forward over a static cache: the Python bookkeeping (the length, its check, the
         positions) stays out here, so static_forward sees the same shapes at every step."""
         T = tokens.shape[1]
@@ -307,29 +315,44 @@ class Transformer(nn.Module):
             mask = F.pad(mask.to(self.dtype), (0, cache.capacity - mask.shape[-1]), value=float("-inf"))
         if self.compiled is not None and start > 0 and embeds is None and mask is None and T <= COMPILED_ROWS:
             # CUDA graphs replay into the same output buffer each call: the clone keeps this one.
-            out = self.compiled(tokens, input_pos, cache, None, None, head, last_only).clone()
+            out = self.compiled(tokens, input_pos, cache, None, None, head, last_only, layers)
+            out = out.clone() if layers is None else tuple(o.clone() for o in out)
         else:
-            out = self.static_forward(tokens, input_pos, cache, mask, embeds, head, last_only)
+            out = self.static_forward(tokens, input_pos, cache, mask, embeds, head, last_only, layers)
         cache.advance(T)
         return out
 
-    def static_forward(self, tokens, input_pos, cache, mask=None, embeds=None, head=True, last_only=False):
+    def static_forward(self, tokens, input_pos, cache, mask=None, embeds=None, head=True, last_only=False,
+                       layers=None):
         """The fixed-shape forward that torch.compile traces: logits (B, T or 1, V) with head=True,
-        else the normalised hidden states (B, T, dim). Writes the cache at input_pos; does not
+        else the normalised hidden states (B, T, dim), and with `layers` (head=False) also the
+        chosen layers' states as `hidden` gives them. Writes the cache at input_pos; does not
         advance it."""
         if mask is None:
             mask = cache.mask_rows(input_pos)  # (1, 1, T, S) boolean, gathered from one mask
         cos = self.rope_cos[input_pos].to(self.dtype)[:, None]  # (T, 1, D): tables made once
         sin = self.rope_sin[input_pos].to(self.dtype)[:, None]
         x = self.embed_tokens(tokens) if embeds is None else embeds  # (B, T, dim)
+        taps = []
         for i, block in enumerate(self.layers):
             x = block(x, cos, sin, i, cache, mask, input_pos)
+            if layers is not None and i in layers:
+                taps.append(x)
         x = self.norm(x)
         if not head:
-            return x
+            return x if layers is None else (x, torch.cat(taps, -1))  # (B, T, dim), (B, T, n * dim)
         if last_only:
             x = x[:, -1:]  # (B, 1, dim)
         return self.head(x).float()
+
+
+def check_layers(layers, n_layers):
+    """Layer indices for Transformer.hidden(layers=...): a non-empty increasing tuple in [0, n_layers)."""
+    if not (isinstance(layers, tuple) and layers and all(isinstance(i, int) and not isinstance(i, bool)
+                                                         for i in layers)
+            and list(layers) == sorted(set(layers)) and 0 <= layers[0] and layers[-1] < n_layers):
+        raise ValueError(f"layers must be a non-empty increasing tuple of layer indices in [0, {n_layers}), "
+                         f"got {layers!r}")
 
 
 # Forwards of up to this many rows after the prompt are compiled: decode (1), the draft's first

@@ -1,9 +1,10 @@
 """Drafters of the protocol in core/drafter.py: a draft model, prompt lookup, prompt lookup in front
-of another drafter, and an EAGLE-style feature draft."""
+of another drafter, an EAGLE-style feature draft and an EAGLE-3-style one (multi-layer features)."""
+from .eagle3 import Eagle3Draft, Eagle3Drafter, load_eagle3_draft, save_eagle3_draft
 from .feature import FeatureDraft, FeatureDrafter, load_feature_draft
 from .lookup import LookupDrafter
 from .model import ModelDrafter
 from .ngram import NGramDrafter, ngram_lookup_reference
 
-__all__ = ["FeatureDraft", "FeatureDrafter", "load_feature_draft", "LookupDrafter", "ModelDrafter", "NGramDrafter",
+__all__ = ["Eagle3Draft", "Eagle3Drafter", "load_eagle3_draft", "save_eagle3_draft", "FeatureDraft", "FeatureDrafter", "load_feature_draft", "LookupDrafter", "ModelDrafter", "NGramDrafter",
            "ngram_lookup_reference"]

@@ -22,6 +22,7 @@ class LookupDrafter:
     def __init__(self, drafter, min_match=2, max_ngram=4):
         self.model = drafter
         self.needs_hidden = drafter.needs_hidden
+        self.hidden_layers = getattr(drafter, "hidden_layers", None)
         self.lookup = NGramDrafter(max_ngram=max_ngram, min_ngram=min_match, device=drafter.device)
         self.source = None  # who proposed the current step: "lookup" or "model"
         self.lookup_steps = self.model_steps = 0

@@ -1,0 +1,240 @@
+"""The EAGLE-3-style draft: the target's layer states on every path, lossless decoding, the
+drafter's syncs, the unrolled training passes against drafting itself, training, saving."""
+import copy
+
+import pytest
+import torch
+
+import specdec_lab as sl
+from specdec_lab.analysis.syncs import count_host_syncs
+from specdec_lab.core.model import check_layers
+from specdec_lab.cpu import accelerate
+from specdec_lab.cpu import build as kernels
+from specdec_lab.drafters import Eagle3Draft, Eagle3Drafter, FeatureDrafter, load_eagle3_draft, save_eagle3_draft
+from specdec_lab.drafters.eagle3 import default_hidden_layers
+from specdec_lab.train.data import generate_data, load_shards
+from specdec_lab.train.eagle3 import (UnrollKeys, eagle3_loss, target_view, train_eagle3_draft, unroll_mask,
+                                      unroll_reference)
+
+PROMPTS = [[1, 2, 3], [5], [7, 7, 7, 7, 2, 9], [3, 4]]
+SUBSET = list(range(0, 64, 2)) + [63]
+
+
+@pytest.fixture(scope="module")
+def target():
+    return sl.tiny_model(0, n_layers=3)
+
+
+@pytest.fixture(scope="module")
+def draft(target):
+    return Eagle3Draft(target, (0, 1, 2), vocab_ids=SUBSET, seed=1).eval().requires_grad_(False)
+
+
+def _layer_states(model, x):
+    """The reference: the blocks run one by one, the residual stream kept after each."""
+    T = x.shape[1]
+    cos, sin = model.rope_cos[:T][:, None], model.rope_sin[:T][:, None]
+    h, out = model.embed_tokens(x), []
+    for i, block in enumerate(model.layers):
+        h = block(h, cos, sin, i, None, None)
+        out.append(h)
+    return out
+
+
+def test_the_chosen_layers_states_are_the_residual_stream_on_every_path(target):
+    x = torch.tensor([[4, 5, 6, 9, 2, 7, 1, 3]])
+    ref = _layer_states(target, x)
+    final, states = target.hidden(x, layers=(0, 2))
+    assert states.shape == (1, 8, 2 * 64)
+    torch.testing.assert_close(states, torch.cat([ref[0], ref[2]], -1))
+    assert torch.equal(final, target.hidden(x)), "asking for layers must not change the final states"
+    # through a cache, a prompt then verification rows: eager, static, and the CPU fast path
+    static = copy.copy(target).use_static_shapes()
+    fast = copy.deepcopy(target)
+    accelerate(fast)
+    assert (fast.fast_rows is not None) == kernels.available()
+    got = []
+    for model, kwargs in ((target, {}), (static, dict(static=True)), (fast, {})):
+        cache = sl.KVCache.for_model(model.cfg, 32, **kwargs)
+        with torch.inference_mode():
+            a = model.hidden(x[:, :5], cache=cache, layers=(0, 2))
+            b = model.hidden(x[:, 5:], cache=cache, layers=(0, 2))
+        assert cache.length == 8
+        got.append((torch.cat([a[0], b[0]], 1), torch.cat([a[1], b[1]], 1)))
+    for f, s in got:  # rounding apart: attention over a cache is a different kernel from the causal pass's
+        torch.testing.assert_close(s, states, atol=1e-3, rtol=1e-3)
+        torch.testing.assert_close(f, final, atol=1e-3, rtol=1e-3)
+
+
+@pytest.mark.parametrize("layers", [(), (1, 0), (0, 0), (0, 3), (-1,), [0, 1], (0, True)])
+def test_layers_outside_the_model_or_out_of_order_are_refused(target, layers):
+    with pytest.raises(ValueError, match="layers must be"):
+        target.hidden(torch.tensor([[1, 2]]), layers=layers)
+    with pytest.raises(ValueError, match="layers must be"):
+        Eagle3Draft(target, layers if isinstance(layers, tuple) else (5,))
+
+
+def test_the_default_layers_are_eagle3s_low_middle_and_high():
+    assert default_hidden_layers(30) == (1, 14, 26)  # SmolLM2-135M
+    assert default_hidden_layers(2) == (0, 1)
+    for n in range(1, 40):
+        check_layers(default_hidden_layers(n), n)
+
+
+@pytest.mark.parametrize("k", [1, 3, 5])
+def test_greedy_with_an_eagle3_draft_equals_autoregressive(target, draft, k):
+    engine = sl.SpeculativeEngine(target, draft, k=k)
+    assert isinstance(engine.drafter, Eagle3Drafter) and engine.drafter.hidden_layers == (0, 1, 2)
+    for prompt in PROMPTS:
+        base = sl.autoregressive_generate(target, prompt, max_new_tokens=30).tokens
+        assert engine.generate(prompt, max_new_tokens=30).tokens == base
+
+
+def test_a_static_target_and_lookup_in_front_stay_lossless(target, draft):
+    prompt = [3, 4, 5, 6, 3, 4, 5, 6, 3, 4]  # repeats itself: lookup proposes
+    base = sl.autoregressive_generate(target, prompt, max_new_tokens=30).tokens
+    want = sl.SpeculativeEngine(target, draft, k=3).generate(prompt, max_new_tokens=30)
+    got = sl.SpeculativeEngine(copy.copy(target).use_static_shapes(), draft, k=3).generate(prompt, max_new_tokens=30)
+    assert got.tokens == want.tokens == base
+    assert [r.num_accepted for r in got.steps] == [r.num_accepted for r in want.steps]
+    drafter = sl.LookupThenModelDrafter(draft, 512)
+    assert drafter.hidden_layers == (0, 1, 2), "lookup in front must pass the layers on to the engine"
+    res = sl.SpeculativeEngine(target, drafter, k=4).generate(prompt, max_new_tokens=30)
+    assert res.tokens == base and drafter.lookup_steps > 0 and drafter.model_steps > 0
+
+
+def test_sampling_with_an_eagle3_draft_is_distributed_as_the_target():
+    from test_engine import _tiny_pair, chi_square_pvalue, exact_distribution
+    target, _ = _tiny_pair()
+    fd = Eagle3Draft(target, vocab_ids=[0, 2, 3, 5], seed=4).eval().requires_grad_(False)
+    engine = sl.SpeculativeEngine(target, fd, k=2)
+    pvalue = chi_square_pvalue(engine, exact_distribution(target, 1.0, 1.0), 800, 1.0, 1.0, 2)
+    assert pvalue > 0.001, f"samples with an EAGLE-3 draft are not distributed as the target (p = {pvalue:.2e})"
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_step_reads_the_device_once_as_with_a_feature_draft(target, draft, temperature):
+    """The fusion is device work: a step's only sync is the verdict's, as FeatureDrafter's is."""
+    for drafter in (Eagle3Drafter(draft, 256), FeatureDrafter(draft, 256)):
+        seen = []
+        with count_host_syncs() as syncs:
+            res = sl.SpeculativeEngine(target, drafter, k=3).generate(
+                [1, 2, 3], max_new_tokens=30, temperature=temperature, seed=0,
+                on_step=lambda rec, out: seen.append(syncs.count))
+        per_step = [b - a for a, b in zip(seen, seen[1:])]
+        assert len(per_step) >= 5 and set(per_step) == {1}, (type(drafter).__name__, per_step)
+        assert [r.syncs for r in res.steps[1:]] == per_step
+
+
+def test_the_unrolled_passes_compute_what_drafting_computes(target, draft):
+    """Pass s at entry e must be the chain drafted from base e - s, fed entry by entry through a
+    KVCache (unroll_reference): the mask, the positions and the state hand-over all agree."""
+    seq = [4, 5, 6, 9, 2, 7, 1, 3, 8, 8, 2]
+    x = torch.tensor([seq])
+    with torch.no_grad():
+        states, _, _ = target_view(target, draft, x)
+        g, tok, N = draft.fuse_states(states), x[:, 1:], len(seq) - 1
+        keys, passes = UnrollKeys(1), []
+        for s in range(3):
+            h = draft.body.hidden(tok, input_pos=torch.arange(N), cache=keys, mask=unroll_mask(N, s),
+                                  embeds=draft.inputs(tok, g))
+            passes.append((h @ draft.body.head.proj.weight).log_softmax(-1)[0])
+            g = torch.cat([g[:, :1], h[:, :-1]], 1)
+    for base in (0, 3, 7):
+        ref = unroll_reference(draft, target, seq, base, 3)
+        for s in range(3):
+            torch.testing.assert_close(passes[s][base + s], ref[s], atol=1e-4, rtol=1e-4)
+    assert not torch.allclose(passes[1][4], passes[0][4]), "pass 1 must read the draft's own state"
+
+
+def test_unroll_is_checked(target, draft):
+    with pytest.raises(ValueError, match="unroll"):
+        eagle3_loss(draft, target, torch.tensor([[1, 2, 3, 4]]), [(2, 4)], unroll=0)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A one-layer draft trained 40 steps on a tiny target's own greedy answers."""
+    from test_distill import _bigram_target  # next token from the current one: learnable in a few dozen steps
+    target = _bigram_target()
+    folder = tmp_path_factory.mktemp("eagle3")
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, 40, (int(n),), generator=g).tolist() for n in torch.randint(2, 8, (60,), generator=g)]
+    generate_data(target, None, folder / "data", rounds=(0.0,), batch_size=20, max_new_tokens=24, prompts=prompts,
+                  progress=False)
+    train, held = load_shards(folder / "data", lambda i: i % 10 == 0)
+    fd = Eagle3Draft(target, seed=1)
+    before = sl.SpeculativeEngine(target, fd.eval(), k=3).generate([1, 7, 2], max_new_tokens=40).stats
+    fd, history, curve = train_eagle3_draft(fd, target, train, held, steps=40, lr=1e-2, max_tokens=512,
+                                            eval_every=10, progress=False, work_dir=folder / "work")
+    return target, fd, history, curve, before, train, held, folder
+
+
+def test_training_lowers_every_passs_loss_and_raises_agreement(trained):
+    target, fd, history, curve, before, *_ = trained
+    first = torch.tensor([h[1] for h in history[:5]]).mean(0)  # (unroll,)
+    last = torch.tensor([h[1] for h in history[-5:]]).mean(0)
+    assert len(first) == 3 and bool((last < first - 1.0).all()), (first, last)  # the unrolled passes learnt too
+    assert all(a > 0.8 for a in curve[-1][1]), curve  # held-out agreement at depths 1, 2, 3
+    after = sl.SpeculativeEngine(target, fd, k=3).generate([1, 7, 2], max_new_tokens=40)
+    assert after.stats.accepted_share > before.accepted_share + 0.3
+    assert after.tokens == sl.autoregressive_generate(target, [1, 7, 2], max_new_tokens=40).tokens
+
+
+def test_the_target_and_its_head_are_not_trained(trained):
+    target, fd, *_ = trained
+    assert not any(p.requires_grad for p in target.parameters())
+    assert torch.equal(fd.body.head.proj.weight, target.head.weight[:, fd.body.head.ids])
+
+
+def test_a_rerun_resumes_from_the_checkpoint(trained):
+    target, fd, history, curve, _, train, held, folder = trained
+    fresh = Eagle3Draft(target, seed=7)  # its own weights are replaced by the checkpoint's
+    fresh, more, more_curve = train_eagle3_draft(fresh, target, train, held, steps=42, lr=1e-2, max_tokens=512,
+                                                 eval_every=10, progress=False, work_dir=folder / "work")
+    assert len(more) == 42 and more[:40] == history and more_curve[:4] == curve
+    assert more_curve[-1][1][0] > 0.8, "it went on from the trained weights, not from seed 7's"
+
+
+def test_saved_and_loaded_it_drafts_the_same(trained, tmp_path):
+    target, fd, *_ = trained
+    out = save_eagle3_draft(fd, tmp_path / "fd")
+    loaded = sl.api.load_eagle3_draft(target, out, accelerate=False)
+    assert loaded.hidden_layers == fd.hidden_layers
+    for k, v in fd.own_state_dict().items():
+        torch.testing.assert_close(loaded.own_state_dict()[k], v, atol=1e-2, rtol=1e-2)  # stored in float16
+    a = sl.SpeculativeEngine(target, fd, k=3).generate([1, 7, 2], max_new_tokens=40).stats
+    b = sl.SpeculativeEngine(target, loaded, k=3).generate([1, 7, 2], max_new_tokens=40).stats
+    assert b.accepted_share == pytest.approx(a.accepted_share, abs=0.05)
+    fast = sl.api.load_eagle3_draft(target, out)  # on the CPU: its layer in one call
+    assert (fast.body.fast_rows is not None) == kernels.available()
+    res = sl.SpeculativeEngine(target, fast, k=3).generate([1, 7, 2], max_new_tokens=40)
+    assert res.tokens == sl.autoregressive_generate(target, [1, 7, 2], max_new_tokens=40).tokens
+    assert res.stats.accepted_share == pytest.approx(a.accepted_share, abs=0.1)
+    with pytest.raises(ValueError, match="EAGLE-3"):
+        load_eagle3_draft(target, tmp_path)
+
+
+def test_a_draft_for_a_deeper_target_is_refused(target):
+    deeper = sl.tiny_model(1, n_layers=6)
+    with pytest.raises(ValueError, match="layers"):
+        sl.SpeculativeEngine(target, Eagle3Draft(deeper, (1, 5)), k=2)
+
+
+# torch.compile on the CPU (inductor, C++): about ten seconds a graph.
+@pytest.mark.slow
+def test_a_compiled_target_hands_out_the_same_layer_states(target, draft):
+    compiled = sl.compiled_twin(target)
+    static = copy.copy(target).use_static_shapes()
+    x = torch.tensor([[4, 5, 6, 9, 2, 7, 1, 3]])
+    out = []
+    for model in (static, compiled):
+        cache = sl.KVCache.for_model(model.cfg, 32, static=True)
+        with torch.inference_mode():
+            model.hidden(x[:, :5], cache=cache, layers=(0, 1, 2))
+            out.append(model.hidden(x[:, 5:], cache=cache, layers=(0, 1, 2)))  # three rows: compiled
+    for a, b in zip(*out):
+        torch.testing.assert_close(b, a, atol=1e-3, rtol=1e-3)
+    prompt = [3, 4, 5, 6, 3, 4]
+    want = sl.SpeculativeEngine(static, draft, k=3).generate(prompt, max_new_tokens=20).tokens
+    assert sl.SpeculativeEngine(compiled, draft, k=3).generate(prompt, max_new_tokens=20).tokens == want
