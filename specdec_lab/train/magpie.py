@@ -15,8 +15,16 @@ token; what comes back is filtered and deduplicated:
     near_duplicate word 3-gram Jaccard >= `near_duplicate` with a kept prompt
 
 Attempt i samples with its own seed (seed * 10**6 + i; with batches, batch b with
-seed * 10**6 + b), so a run is the same whether it stopped and resumed or not: every attempt is appended to a partial file as it lands, and a
-rerun replays it through the same filters and carries on at the next attempt.
+seed * 10**6 + b), so a run is the same whether it stopped and resumed or not: every attempt
+is appended to a partial file as it lands, and a rerun replays it through the same filters
+and carries on at the next attempt.
+
+Which sampler is fastest here (SmolLM2-135M, one thread, temperature 1, 64-token cap, the
+shared 2-core machine under load): one turn at a time, the speculative engine at K = 2 made
+12.1 tokens/s against 10.2 for autoregressive_generate (16 turns each, alternating). At
+`nice -n 19`, one turn at a time through the engine (K = 3) made 16 attempts in about 5
+minutes, and 16 turns side by side (sample_turns) 560 attempts in 46 minutes: about four
+times as many. So the command line batches by default.
 """
 import json
 import math
@@ -281,7 +289,8 @@ def synthesize_prompts(target, prefix_ids, decode, cfg: SynthesisConfig, out, dr
     bar.close()
     sampler = (f"sample_turns, batches of {cfg.batch_size}" if cfg.batch_size > 1 else
                f"SpeculativeEngine, K = {k}" if engine else "autoregressive_generate")
-    doc = {"seed": cfg.seed, "settings": asdict(cfg), "sampler": sampler, "complete": not stopped, "attempts": attempts,
+    doc = {"seed": cfg.seed, "settings": asdict(cfg), "sampler": sampler, "complete": not stopped,
+           "attempts": attempts,
            "rejected": filt.rejected, "stats": prompt_statistics(filt.kept, filt.kept_tokens), "prompts": filt.kept}
     if not stopped:
         out.write_text(json.dumps(doc, indent=1, ensure_ascii=False) + "\n")
