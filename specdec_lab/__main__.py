@@ -14,6 +14,7 @@ from .io.assets import ensure_default_target
 from .io.pair import load_model_cached
 from .train.acceptance import acceptance_report, agreement_table, greedy_agreement
 from .train.distill import distill_main
+from .train.eagle3 import eagle3_main
 from .train.feature import feature_main
 from .train.handwritten import HANDWRITTEN_KINDS, HANDWRITTEN_PROMPTS
 from .train.magpie import SynthesisConfig, magpie_prefix, synthesize_prompts
@@ -119,6 +120,15 @@ def cmd_distill(args):
 
 
 def cmd_distill_features(args):
+    if args.recipe == "eagle3":
+        out, curve = eagle3_main(budget=args.budget, out_dir=args.out, work_dir=args.work_dir, data_dirs=args.data_dir,
+                                 steps=args.steps, lr=args.lr, unroll=args.unroll, data_minutes=args.data_minutes,
+                                 device=args.device)
+        print(f"eagle3 draft saved to {out}; held-out agreement by depth "
+              + " ".join(f"{a:.3f}" for a in curve[-1][1]) if curve else f"eagle3 draft saved to {out}")
+        return
+    if args.data_dir or args.device != "cpu":
+        raise SystemExit("--data-dir and --device go with --recipe eagle3")
     out, curve = feature_main(budget=args.budget, out_dir=args.out, work_dir=args.work_dir, steps=args.steps,
                               lr=args.lr, data_minutes=args.data_minutes, init=args.init)
     print(f"feature draft saved to {out}; held-out agreement at depth 1 {curve[-1][1]:.3f}, depth 2 {curve[-1][2]:.3f}"
@@ -280,6 +290,13 @@ def main(argv=None):
     f.add_argument("--steps", type=int, help="override the budget's optimizer steps")
     f.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (default 3e-3)")
     f.add_argument("--init", help="a feature draft's folder to continue training from (a second phase)")
+    f.add_argument("--recipe", choices=["eagle", "eagle3"], default="eagle",
+                   help="eagle: the final state, feature regression (train/feature.py); eagle3: a low, a middle and "
+                        "a high layer, token loss and training-time test (train/eagle3.py)")
+    f.add_argument("--data-dir", action="append", help="with --recipe eagle3: train on the target's answers "
+                   "already in this folder (the distill data's shards; repeatable) instead of generating them")
+    f.add_argument("--unroll", type=int, default=3, help="with --recipe eagle3: training-time test depth (default 3)")
+    f.add_argument("--device", default="cpu", help="with --recipe eagle3: where the target and the draft train")
     a = sub.add_parser("acceptance", help="greedy agreement per drafted position and tokens per step at "
                        "K = 1..8 on the hand-written held-out and the benchmark prompts")
     a.add_argument("--sets", type=_sets, default=["held-out", "bench"],
