@@ -90,13 +90,15 @@ def test_greedy_with_an_eagle3_draft_equals_autoregressive(target, draft, k):
         assert engine.generate(prompt, max_new_tokens=30).tokens == base
 
 
-def test_a_static_target_and_lookup_in_front_stay_lossless(target, draft):
+def test_a_static_target_a_paged_cache_and_lookup_in_front_stay_lossless(target, draft):
     prompt = [3, 4, 5, 6, 3, 4, 5, 6, 3, 4]  # repeats itself: lookup proposes
     base = sl.autoregressive_generate(target, prompt, max_new_tokens=30).tokens
     want = sl.SpeculativeEngine(target, draft, k=3).generate(prompt, max_new_tokens=30)
     got = sl.SpeculativeEngine(copy.copy(target).use_static_shapes(), draft, k=3).generate(prompt, max_new_tokens=30)
     assert got.tokens == want.tokens == base
     assert [r.num_accepted for r in got.steps] == [r.num_accepted for r in want.steps]
+    paged = sl.SpeculativeEngine(target, draft, k=3, cache="paged", block_size=4).generate(prompt, max_new_tokens=30)
+    assert paged.tokens == base
     drafter = sl.LookupThenModelDrafter(draft, 512)
     assert drafter.hidden_layers == (0, 1, 2), "lookup in front must pass the layers on to the engine"
     res = sl.SpeculativeEngine(target, drafter, k=4).generate(prompt, max_new_tokens=30)

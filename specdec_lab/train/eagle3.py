@@ -148,7 +148,7 @@ def unroll_reference(model, target, seq, base, depth):
 
 
 def evaluate(model, target, held, max_tokens, unroll, pad_id):
-    """Held-out agreement per pass, weighted by the entries each pass trains."""
+    """Held-out agreement per pass: each batch's agreement weighted by its answer tokens."""
     sums, count = [0.0] * unroll, 0
     with torch.no_grad():
         for idx in make_batches(held, max_tokens, torch.Generator().manual_seed(1)):
@@ -172,7 +172,10 @@ def train_eagle3_draft(model: Eagle3Draft, target, train, held=(), steps=600, lr
     params = [p.requires_grad_(True) for n, p in model.named_parameters() if not n.startswith("body.head.")]
     opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
     warm = max(1, steps // 20)
-    schedule = lambda s: min(1.0, (s + 1) / warm) * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps))  # noqa: E731
+
+    def schedule(s):  # linear warm-up, then cosine decay to 0 at `steps`
+        return min(1.0, (s + 1) / warm) * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps))
+
     step, history, curve = 0, [], []
     ckpt = Path(work_dir) / "ckpt.pt" if work_dir is not None else None
     if ckpt is not None and ckpt.exists():
