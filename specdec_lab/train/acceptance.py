@@ -167,6 +167,7 @@ class AgreementReport:
     agreed: list  # agreed[i - 1]: of those, starts where position i agreed as well
     tokens_per_step: dict  # K -> mean committed tokens per greedy step, from the agreements
     by_kind: dict = field(default_factory=dict)  # kind -> [agreed, drafted] at position 1
+    runs: list = field(default_factory=list, repr=False)  # per prompt, per start t: leading agreements L
 
     def at(self, i: int) -> float:
         """Agreement at drafted position i (1-based), given that positions < i agreed."""
@@ -204,6 +205,15 @@ def run_lengths(proposed: list, answer: list) -> int:
     return n
 
 
+def _states(target, drafter, seq):
+    """The target states a drafter reads (as the engine hands them out) over seq (1, N): the final
+    states, or the layers it declares in `hidden_layers`, concatenated; None if it reads none."""
+    if not drafter.needs_hidden:
+        return None
+    layers = getattr(drafter, "hidden_layers", None)
+    return (target.hidden(seq) if layers is None else target.hidden(seq, layers=layers)[1])[0]
+
+
 @torch.no_grad()
 def greedy_agreement(target, draft, prompts, max_new_tokens=64, k_max=8, name="prompts", kinds=None,
                      progress=True) -> AgreementReport:
@@ -215,18 +225,20 @@ def greedy_agreement(target, draft, prompts, max_new_tokens=64, k_max=8, name="p
         raise ValueError(f"kinds must give one kind per prompt ({len(prompts)}), got {len(kinds)}")
     greedy, g = SamplingConfig(temperature=0.0), make_generator(0, target.device)
     drafted, agreed, by_kind = [0] * k_max, [0] * k_max, {}
-    committed, starts = dict.fromkeys(range(1, k_max + 1), 0), 0
+    committed, starts, runs = dict.fromkeys(range(1, k_max + 1), 0), 0, []
     for j, prompt in enumerate(tqdm(prompts, desc=f"agreement on {name}", disable=not progress)):
         res = autoregressive_generate(target, prompt, max_new_tokens=max_new_tokens)
         P, a = len(res.prompt_ids), res.tokens
         seq = torch.tensor([res.prompt_ids + a], device=target.device)  # (1, P + n)
         drafter = make_drafter(target, draft, P + len(a) + k_max + 2)
-        hidden = target.hidden(seq)[0] if drafter.needs_hidden else None  # (P + n, dim): states along the answer
+        hidden = _states(target, drafter, seq)  # (P + n, width): what the drafter reads along the answer, or None
         drafter.prefill(res.prompt_ids, None if hidden is None else hidden[:P - 1])
+        runs.append([])
         for t in range(len(a)):
             ids, _ = drafter.propose(min(k_max, len(a) - t), greedy, g)
             d = ids.tolist()  # sync: one per start; this is a measurement, not the engine's loop
             L = run_lengths(d, a[t:])
+            runs[-1].append(L)
             for i in range(min(L + 1, len(d))):  # positions 1..L agreed; L + 1 was drafted and did not
                 drafted[i] += 1
                 agreed[i] += i < L
@@ -241,4 +253,4 @@ def greedy_agreement(target, draft, prompts, max_new_tokens=64, k_max=8, name="p
             verdict = Verdict(d, 0, a[t], ids, seq[0, P + t:P + t + 1])
             drafter.commit(verdict, None if hidden is None else hidden[P + t - 1:P + t + len(d)])
     return AgreementReport(name, len(prompts), starts, drafted, agreed,
-                           {k: v / max(starts, 1) for k, v in committed.items()}, by_kind)
+                           {k: v / max(starts, 1) for k, v in committed.items()}, by_kind, runs)
