@@ -7,7 +7,7 @@ import sys
 import torch
 
 from .api import (SpeculativeEngine, autoregressive_generate, check_dtype, compiled_twin, load_default_pair,
-                  load_feature_draft, load_pair)
+                  load_eagle3_draft, load_feature_draft, load_pair)
 from .bench.main import bench_main
 from .cpu import SelfDraft, best_weights
 from .io.assets import ensure_default_target
@@ -139,6 +139,8 @@ def cmd_acceptance(args):
     """Greedy agreement per drafted position and tokens per step at K = 1..8 on the hand-written
     held-out prompts and the benchmark prompts; --classic: the former report (alpha, tokens per
     step measured with the engine, c) on the template prompts' held-out tenth."""
+    if args.draft_kind == "eagle3" and not args.feature_dir:
+        raise ValueError("--draft-kind eagle3 needs --feature-dir, the EAGLE-3-style draft's folder")
     pair = load_default_pair(args.device)
     if args.classic:
         _, held = split_prompts(distill_prompts())
@@ -148,7 +150,8 @@ def cmd_acceptance(args):
         if args.json:
             print(json.dumps(rep.__dict__))
         return
-    draft = pair.draft if args.draft_kind == "token" else load_feature_draft(pair.target, args.feature_dir)
+    draft = {"token": lambda: pair.draft, "feature": lambda: load_feature_draft(pair.target, args.feature_dir),
+             "eagle3": lambda: load_eagle3_draft(pair.target, args.feature_dir)}[args.draft_kind]()
     sets = {"held-out": (HANDWRITTEN_PROMPTS, HANDWRITTEN_KINDS), "bench": (BENCH_PROMPTS, BENCH_KINDS)}
     n = args.num_prompts
     reports = [greedy_agreement(pair.target, draft, sets[s][0][:n], args.max_new_tokens, args.k_max, name=s,
@@ -301,10 +304,11 @@ def main(argv=None):
                        "K = 1..8 on the hand-written held-out and the benchmark prompts")
     a.add_argument("--sets", type=_sets, default=["held-out", "bench"],
                    help="comma list of prompt sets: held-out (hand-written, train/handwritten.py), bench")
-    a.add_argument("--draft-kind", choices=["token", "feature"], default="token",
-                   help="the default pair's draft, or a feature draft (EAGLE-style) read from --feature-dir")
-    a.add_argument("--feature-dir", help="with --draft-kind feature: its folder (default: distill-features' "
-                                         "output where it exists, else the shipped one)")
+    a.add_argument("--draft-kind", choices=["token", "feature", "eagle3"], default="token",
+                   help="the default pair's draft, or a feature draft (EAGLE-style; eagle3: EAGLE-3-style) "
+                        "read from --feature-dir")
+    a.add_argument("--feature-dir", help="the feature draft's folder (feature: default distill-features' "
+                                         "output where it exists, else the shipped one; eagle3: required)")
     a.add_argument("--num-prompts", type=int, help="the first N prompts of each set (default: all; 12 with --classic)")
     a.add_argument("--max-new-tokens", type=int, default=64)
     a.add_argument("--k-max", type=int, default=8, help="tokens per step at K = 1..k-max (default 8)")

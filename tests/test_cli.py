@@ -103,3 +103,8 @@ def test_acceptance_reports_agreement_by_position_and_tokens_per_step():
         tps = [s["tokens_per_step"][k] for k in ("1", "2", "3")]
         assert 1 <= tps[0] <= tps[1] <= tps[2] <= 4, tps
     assert "pos 2" in proc.stdout and "K=3" in proc.stdout
+
+
+def test_acceptance_of_an_eagle3_draft_without_its_folder_is_an_error_naming_it():
+    proc = run_cli("acceptance", "--draft-kind", "eagle3")
+    assert proc.returncode == 2 and "--feature-dir" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
