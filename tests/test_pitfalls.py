@@ -38,7 +38,7 @@ def test_greedy_draft_sampled_q_proposes_the_argmax_with_a_soft_q():
 def test_seed_draft_cache_loses_one_token_per_step_and_the_output_stays_correct():
     target = sl.tiny_model(0)
     base = sl.autoregressive_generate(target, PROMPT, max_new_tokens=30).tokens
-    drafter = pitfalls.SeedDraftCache(target, 256)
+    drafter = pitfalls.OffByOneDraftCache(target, 256)
     engine = sl.SpeculativeEngine(target, drafter, k=4)
     lags = []
     res = engine.generate(PROMPT, max_new_tokens=30, on_step=lambda rec, out: lags.append(pitfalls.draft_lag(engine)))
@@ -60,8 +60,8 @@ def test_the_correct_drafter_has_no_lag():
 def test_seed_rollback_on_the_target_cache_corrupts_the_output():
     target = sl.tiny_model(0)
     base = sl.autoregressive_generate(target, PROMPT, max_new_tokens=30).tokens
-    engine = pitfalls.seed_rollback_engine(target, target, k=4)
-    assert isinstance(engine.cache, pitfalls.SeedRollbackCache)
+    engine = pitfalls.off_by_one_rollback_engine(target, target, k=4)
+    assert isinstance(engine.cache, pitfalls.OffByOneRollbackCache)
     assert engine.generate(PROMPT, max_new_tokens=30).tokens != base
 
 

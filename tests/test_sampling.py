@@ -44,7 +44,7 @@ def test_exponential_noise_is_exponential_never_zero_and_its_race_draws_in_propo
     assert abs((e > 1.0).float().mean().item() - torch.exp(torch.tensor(-1.0)).item()) < 0.005
     probs = torch.tensor([0.1, 0.0, 0.6, 0.3, 0.0])
     noise = torch.stack([exponential_noise(5, g) for _ in range(20000)])  # (20000, 5)
-    draws = (probs / noise).argmax(-1)  # verification's final draw (verify._draw)
+    draws = (probs / noise).argmax(-1)  # verification's final draw (verify.draw)
     freq = torch.bincount(draws, minlength=5).float() / 20000
     assert torch.allclose(freq, probs, atol=0.015), f"the race is biased: {freq}"
     assert torch.equal(exponential_noise(64, make_generator(3, "cpu")), exponential_noise(64, make_generator(3, "cpu")))

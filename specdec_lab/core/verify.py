@@ -27,7 +27,9 @@ import torch
 from .sampling import exponential_noise, logits_to_probs
 
 
-def _draw(dist: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
+def draw(dist: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
+    """A token drawn from `dist` (unnormalised, (..., V)) with the step's Exponential(1) noise e:
+    argmax(dist / e) is distributed as dist / sum(dist) (the exponential race), with no host read."""
     return (dist / e).argmax(-1)
 
 
@@ -65,8 +67,8 @@ def verify_reference(draft_ids, p, q, u, e, greedy=False, syncs=None) -> torch.T
         residual = torch.clamp(p[i] - q[i], min=0.0)
         total = host(residual.sum())
         dist = residual / total if total > 0 else p[i]
-        return verdict(i, host(_draw(dist, e), int))
-    bonus = p[K].argmax() if greedy else _draw(p[K], e)
+        return verdict(i, host(draw(dist, e), int))
+    bonus = p[K].argmax() if greedy else draw(p[K], e)
     return verdict(K, host(bonus, int))
 
 
@@ -93,7 +95,7 @@ def verify(draft_ids, p, q, u, e, greedy=False) -> torch.Tensor:
     residual = torch.clamp(p_row - q_row, min=0.0)
     total = residual.sum()
     dist = torch.where(total > 0, residual / total.clamp_min(1e-30), p_row)
-    return torch.cat([n, _draw(dist, e).view(1)])
+    return torch.cat([n, draw(dist, e).view(1)])
 
 
 def target_draws(logits, sampling, k, generator):

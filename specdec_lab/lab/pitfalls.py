@@ -14,11 +14,11 @@ Verification (chapter 02), measured with lab/lossless.py's chi-square test:
 The KV cache (chapter 03), the rollback of the Rust article "Speculative Decoding
 in Custom LLM Servicing: Implementing Draft Models in Rust" (docs/design.md lists
 its pitfalls):
-- `SeedDraftCache`: after a step it keeps `num_accepted` draft-cache entries
+- `OffByOneDraftCache`: after a step it keeps `num_accepted` draft-cache entries
   instead of num_accepted + 1, and never feeds d_K. Every step loses one committed
   token from the draft's view; verification keeps the output right, but the
   draft drafts from a corrupted context and its acceptance falls.
-- `SeedRollbackCache`: the same arithmetic applied to the target's cache, where
+- `OffByOneRollbackCache`: the same arithmetic applied to the target's cache, where
   nothing checks it: the output itself goes wrong.
 
 The verification mask (chapter 04):
@@ -30,7 +30,7 @@ import torch
 from ..api import SpeculativeEngine
 from ..core.kv_cache import KVCache
 from ..core.sampling import logits_to_probs
-from ..core.verify import _draw, verify
+from ..core.verify import draw, verify
 from ..drafters import ModelDrafter
 
 
@@ -39,7 +39,7 @@ def verify_resample_from_p(draft_ids, p, q, u, e, greedy=False):
     if greedy:
         return verify(draft_ids, p, q, u, e, greedy=True)
     n = verify(draft_ids, p, q, u, e)[:1]  # (1,) the number accepted is computed correctly
-    return torch.cat([n, _draw(p.index_select(0, n)[0], e).view(1)])
+    return torch.cat([n, draw(p.index_select(0, n)[0], e).view(1)])
 
 
 class GreedyDraftSampledQ(ModelDrafter):
@@ -59,7 +59,7 @@ class GreedyDraftSampledQ(ModelDrafter):
         return torch.stack(ids), torch.stack(qs)
 
 
-class SeedDraftCache(ModelDrafter):
+class OffByOneDraftCache(ModelDrafter):
     """The article's draft-cache rollback: keep `num_accepted` of the k entries this step
     appended, and feed only the next token. `seen` tracks the token ids the draft's cache
     really holds, `committed` the ones it should hold (both without the pending token)."""
@@ -98,18 +98,18 @@ def draft_lag(engine) -> int:
     return engine.cache.length + 1 - drafter.cache.length - len(drafter.pending)
 
 
-class SeedRollbackCache(KVCache):
-    """A target cache whose rollback keeps one position fewer than asked: the seed's
+class OffByOneRollbackCache(KVCache):
+    """A target cache whose rollback keeps one position fewer than asked: the article's
     draft arithmetic (keep `accepted` of the K+1 verified positions) applied to the target."""
 
     def rollback(self, length: int):
         super().rollback(max(0, length - 1))
 
 
-def seed_rollback_engine(target, draft, k=4, **kwargs) -> SpeculativeEngine:
-    """A SpeculativeEngine whose target cache is a SeedRollbackCache (same capacity and dtype)."""
+def off_by_one_rollback_engine(target, draft, k=4, **kwargs) -> SpeculativeEngine:
+    """A SpeculativeEngine whose target cache is a OffByOneRollbackCache (same capacity and dtype)."""
     engine = SpeculativeEngine(target, draft, k=k, **kwargs)
-    engine.cache = SeedRollbackCache.for_model(target.cfg, engine.max_seq_len, dtype=target.dtype,
+    engine.cache = OffByOneRollbackCache.for_model(target.cfg, engine.max_seq_len, dtype=target.dtype,
                                                device=target.device)
     return engine
 
