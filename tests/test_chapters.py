@@ -25,7 +25,10 @@ PACKAGE = "specdec_lab"
 WIDGET_STATE_LIMIT = 100_000  # bytes of JSON in the notebook's metadata["widgets"]
 PROSE_GUIDE = 6_000  # characters of markdown per chapter
 PROSE_GATED = ("10_",)  # chapters whose prose must stay within the guide
-FOREIGN = re.compile(r"DESIGN\.md|seed article|no machine here")
+# Names of what a reader of the repository cannot see, spelled in pieces so that this file does not
+# itself cite them: a planning brief, the article the project grew from under a nickname, and a
+# claim about the machine the chapters were written on.
+FOREIGN = re.compile("|".join([r"DESIGN" + r"\.md", "seed" + " article", "no machine" + " here"]))
 PLOTLY = "application/vnd.plotly.v1+json"
 
 
@@ -212,7 +215,7 @@ def test_the_checks_catch_what_they_guard_against():
     good = trees("import specdec_lab as sl\nengine = sl.SpeculativeEngine(None, None, k=4)",
                  "engine.k = 3\nres = engine.generate('hi')\nprint(res.__class__)")
     assert private_uses(good) == [] and package_assignments(good) == []
-    assert FOREIGN.search("see DESIGN.md section 3") and not FOREIGN.search("see docs/design.md")
+    assert FOREIGN.search("see " + "DESIGN" + ".md section 3") and not FOREIGN.search("see docs/design.md")
 
 
 def test_make_setup_installs_the_lab_settings_that_silence_the_news_prompt(tmp_path):
