@@ -291,17 +291,24 @@ class Transformer(nn.Module):
             cache.reserve(T)  # raise before any layer writes
             if mask is None and T > 1:
                 mask = verification_mask(start, T, device=tokens.device, dtype=self.dtype)
+        x, taps = self._blocks(tokens, input_pos, cache, mask, embeds, layers)
+        if cache is not None:
+            cache.advance(T)
+        return x if layers is None else (x, taps)
+
+    def _blocks(self, tokens, input_pos, cache, mask, embeds, layers):
+        """The embeddings (or `embeds`) through every block and the final norm: the normalised
+        states (B, T, dim), and with `layers` the residual stream after each of those layers,
+        concatenated (B, T, n * dim), else None. Shared by the eager and the static forward."""
         cos = self.rope_cos[input_pos].to(self.dtype)[:, None]  # (T, 1, D): broadcast over heads
         sin = self.rope_sin[input_pos].to(self.dtype)[:, None]  # (T, 1, D)
         x = self.embed_tokens(tokens) if embeds is None else embeds  # (B, T, dim)
         taps = []
         for i, block in enumerate(self.layers):
-            x = block(x, cos, sin, i, cache, mask)
+            x = block(x, cos, sin, i, cache, mask, input_pos)
             if layers is not None and i in layers:
                 taps.append(x)
-        if cache is not None:
-            cache.advance(T)
-        return self.norm(x) if layers is None else (self.norm(x), torch.cat(taps, -1))  # (B, T, n * dim)
+        return self.norm(x), (torch.cat(taps, -1) if layers is not None else None)
 
     def _static(self, tokens, input_pos, cache, mask, embeds, head, last_only, layers=None):
         """A forward over a static cache: the Python bookkeeping (the length, its check, the
@@ -330,17 +337,9 @@ class Transformer(nn.Module):
         advance it."""
         if mask is None:
             mask = cache.mask_rows(input_pos)  # (1, 1, T, S) boolean, gathered from one mask
-        cos = self.rope_cos[input_pos].to(self.dtype)[:, None]  # (T, 1, D): tables made once
-        sin = self.rope_sin[input_pos].to(self.dtype)[:, None]
-        x = self.embed_tokens(tokens) if embeds is None else embeds  # (B, T, dim)
-        taps = []
-        for i, block in enumerate(self.layers):
-            x = block(x, cos, sin, i, cache, mask, input_pos)
-            if layers is not None and i in layers:
-                taps.append(x)
-        x = self.norm(x)
+        x, taps = self._blocks(tokens, input_pos, cache, mask, embeds, layers)
         if not head:
-            return x if layers is None else (x, torch.cat(taps, -1))  # (B, T, dim), (B, T, n * dim)
+            return x if layers is None else (x, taps)  # (B, T, dim), (B, T, n * dim)
         if last_only:
             x = x[:, -1:]  # (B, 1, dim)
         return self.head(x).float()
