@@ -17,7 +17,7 @@ from .train.distill import distill_main
 from .train.eagle3 import eagle3_main
 from .train.feature import feature_main
 from .train.handwritten import HANDWRITTEN_KINDS, HANDWRITTEN_PROMPTS
-from .train.magpie import SynthesisConfig, magpie_prefix, synthesize_prompts
+from .train.magpie import SynthesisConfig, load_prompt_file, magpie_prefix, synthesize_prompts
 from .train.prompts import BENCH_KINDS, BENCH_PROMPTS, distill_prompts, split_prompts
 
 
@@ -122,13 +122,19 @@ def cmd_distill(args):
 def cmd_distill_features(args):
     if args.recipe == "eagle3":
         out, curve = eagle3_main(budget=args.budget, out_dir=args.out, work_dir=args.work_dir, data_dirs=args.data_dir,
-                                 steps=args.steps, lr=args.lr, unroll=args.unroll, data_minutes=args.data_minutes,
-                                 device=args.device)
+                                 prompt_files=args.prompt_file, temperatures=args.temperatures,
+                                 max_new_tokens=args.max_new_tokens,
+                                 data_dtype=args.data_dtype and getattr(torch, args.data_dtype), steps=args.steps,
+                                 lr=args.lr, unroll=args.unroll, max_tokens=args.max_tokens, init=args.init,
+                                 data_minutes=args.data_minutes, device=args.device,
+                                 command="python -m specdec_lab " + " ".join(sys.argv[1:]))
         print(f"eagle3 draft saved to {out}; held-out agreement by depth "
               + " ".join(f"{a:.3f}" for a in curve[-1][1]) if curve else f"eagle3 draft saved to {out}")
         return
-    if args.data_dir or args.device != "cpu":
-        raise SystemExit("--data-dir and --device go with --recipe eagle3")
+    eagle3_only = ("data_dir", "prompt_file", "temperatures", "max_new_tokens", "data_dtype", "max_tokens")
+    if any(getattr(args, name) for name in eagle3_only) or args.device != "cpu":
+        raise SystemExit("--data-dir, --prompt-file, --temperatures, --max-new-tokens, --data-dtype, --max-tokens "
+                         "and --device go with --recipe eagle3")
     out, curve = feature_main(budget=args.budget, out_dir=args.out, work_dir=args.work_dir, steps=args.steps,
                               lr=args.lr, data_minutes=args.data_minutes, init=args.init)
     print(f"feature draft saved to {out}; held-out agreement at depth 1 {curve[-1][1]:.3f}, depth 2 {curve[-1][2]:.3f}"
@@ -171,17 +177,28 @@ def _sets(text):
     return names
 
 
+def _temperatures(text):
+    try:
+        temps = [float(t) for t in text.split(",")]
+    except ValueError:
+        temps = None
+    if not temps or any(not 0 <= t <= 10 for t in temps):
+        raise argparse.ArgumentTypeError(f"--temperatures must be a comma list of numbers in [0, 10], got {text!r}")
+    return temps
+
+
 def cmd_prompts(args):
     """Prompts the target writes itself (train/magpie.py): a deduplicated file with its statistics."""
     cfg = SynthesisConfig(n=args.synthesize, seed=args.seed, temperature=args.temperature, top_p=args.top_p,
                           max_new_tokens=args.max_new_tokens, max_attempts=args.max_attempts,
                           near_duplicate=args.near_duplicate, batch_size=args.batch_size)
     cfg.check()  # before the target loads
-    pair = load_default_pair(args.device)
+    avoid = [p for f in args.avoid for p in load_prompt_file(f)]  # read before the target loads: a bad file fails fast
+    pair = load_default_pair(args.device, dtype=args.dtype and getattr(torch, args.dtype))
     tok = pair.target.tokenizer
     out = args.out or f"prompts_magpie_seed{args.seed}.json"
     doc = synthesize_prompts(pair.target, magpie_prefix(tok), lambda ids: tok.decode(ids), cfg, out,
-                             draft=pair.draft if args.k else None, k=args.k, max_minutes=args.minutes)
+                             draft=pair.draft if args.k else None, k=args.k, max_minutes=args.minutes, avoid=avoid)
     st = doc["stats"]
     where = out if doc["complete"] else f"{out}.partial (rerun to resume)"
     print(f"{st['count']} prompts from {doc['attempts']} attempts (seed {cfg.seed}) -> {where}; "
@@ -198,7 +215,10 @@ def add_bench_parser(sub):
                        "prompt lookup + draft) against "
                        "transformers generate and assisted generation; a table, then one JSON line")
     b.add_argument("--quick", action="store_true", help="2 prompts, 16 tokens, K in {2, 4}: a smoke run")
-    b.add_argument("--prompts", type=int, help="the first N of the 24 benchmark prompts (default 24)")
+    b.add_argument("--prompts", type=int, help="the first N prompts of the set (default: all)")
+    b.add_argument("--prompt-set", choices=["bench", "held-out"], default="bench",
+                   help="bench: the 24 benchmark prompts; held-out: the 72 hand-written prompts that no training "
+                        "run sees (train/handwritten.py)")
     b.add_argument("--max-new-tokens", type=int, help="default 128 (16 with --quick)")
     b.add_argument("--temperatures", help="comma list, default 0,0.7")
     b.add_argument("--ks", help="fixed draft lengths: 1-8 (default) or a list like 2,4")
@@ -300,6 +320,14 @@ def main(argv=None):
                    "already in this folder (the distill data's shards; repeatable) instead of generating them")
     f.add_argument("--unroll", type=int, default=3, help="with --recipe eagle3: training-time test depth (default 3)")
     f.add_argument("--device", default="cpu", help="with --recipe eagle3: where the target and the draft train")
+    f.add_argument("--prompt-file", action="append", help="with --recipe eagle3: answer the prompts of this file "
+                   "(`prompts --synthesize` writes one; repeatable) instead of the template sets")
+    f.add_argument("--temperatures", type=_temperatures,
+                   help="with --recipe eagle3: one answer per prompt at each (comma list, default 0,0.7,1)")
+    f.add_argument("--max-new-tokens", type=int, help="with --recipe eagle3: answer length cap (default 128)")
+    f.add_argument("--data-dtype", choices=["float32", "bfloat16"],
+                   help="with --recipe eagle3: the target's precision while it answers (default: as it loads)")
+    f.add_argument("--max-tokens", type=int, help="with --recipe eagle3: positions per batch (default 2048)")
     a = sub.add_parser("acceptance", help="greedy agreement per drafted position and tokens per step at "
                        "K = 1..8 on the hand-written held-out and the benchmark prompts")
     a.add_argument("--sets", type=_sets, default=["held-out", "bench"],
@@ -334,6 +362,10 @@ def main(argv=None):
                    "at this K with the shipped draft (the same distribution); 0: autoregressive_generate")
     p.add_argument("--minutes", type=float, help="stop after this long; a rerun resumes from the partial file")
     p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"],
+                   help="the target's precision while it samples (default: bfloat16 on CUDA, float32 on the CPU)")
+    p.add_argument("--avoid", action="append", default=[], metavar="FILE",
+                   help="a prompt file made earlier: its prompts count as duplicates, so this file adds new ones")
     add_bench_parser(sub)
     args = ap.parse_args(argv)
     if args.cmd == "generate" and not args.prompt.strip():

@@ -85,6 +85,7 @@ def test_list_options_parse_ranges_and_lists_and_name_the_option_when_bad():
 
 def test_bench_config_rejects_bad_values_naming_them():
     for kw, name in [(dict(num_prompts=0), "num_prompts"), (dict(num_prompts=25), "num_prompts"),
+                     (dict(prompt_set="held-out", num_prompts=73), "num_prompts"), (dict(prompt_set="x"), "prompt_set"),
                      (dict(max_new_tokens=0), "max_new_tokens"), (dict(temperatures=(-1.0,)), "temperatures"),
                      (dict(ks=(0,)), "ks"), (dict(samples=0), "samples"), (dict(samples=True), "samples"),
                      (dict(samples=1.5), "samples")]:
@@ -366,11 +367,13 @@ def test_cli_prints_a_table_then_one_json_document_as_the_last_line(stand_in_dra
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
     proc = subprocess.run([sys.executable, "-m", "specdec_lab", "bench", "--quick", "--no-hf", "--prompts", "1",
                            "--max-new-tokens", "4", "--ks", "2", "--temperatures", "0", "--threads", "1",
-                           "--draft-dir", str(stand_in_draft_dir), "--no-feature-draft", "--no-self-draft"],
+                           "--draft-dir", str(stand_in_draft_dir), "--no-feature-draft", "--no-self-draft",
+                           "--prompt-set", "held-out"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     lines = proc.stdout.strip().splitlines()
     doc = json.loads(lines[-1])
+    assert doc["prompts"] == {"set": "held-out", "count": 1} and "1 held-out prompts" in proc.stdout
     assert len(lines) > 5 and "speculative, K=2" in proc.stdout, "the table should come before the JSON"
     assert list(doc["results"][0]["systems"]) == ["ar", "spec_k2", "spec_adaptive", "spec_stop", "spec_lookup"]
     assert math.isfinite(doc["roofline"]["fraction_of_bandwidth"])

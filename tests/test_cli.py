@@ -72,6 +72,19 @@ def test_prompts_with_a_bad_count_is_a_one_line_error_naming_it():
     assert proc.returncode == 2 and "--synthesize" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
 
 
+def test_the_eagle3_recipes_options_are_refused_with_the_other_recipe_and_bad_temperatures_named():
+    proc = run_cli("distill-features", "--prompt-file", "prompts.json")
+    assert proc.returncode != 0 and "--prompt-file" in proc.stderr and "--recipe eagle3" in proc.stderr, proc.stderr
+    proc = run_cli("distill-features", "--recipe", "eagle3", "--temperatures", "0,hot")
+    assert proc.returncode == 2 and "--temperatures" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_prompts_avoiding_a_file_that_is_not_a_prompt_file_is_an_error_naming_it(tmp_path):
+    (tmp_path / "other.json").write_text("[1, 2]")
+    proc = run_cli("prompts", "--synthesize", "4", "--avoid", str(tmp_path / "other.json"))
+    assert proc.returncode != 0 and "prompt file" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
 def test_acceptance_with_an_unknown_set_is_a_usage_error_naming_it():
     proc = run_cli("acceptance", "--sets", "held-out,mystery")
     assert proc.returncode == 2 and "--sets" in proc.stderr, proc.stderr

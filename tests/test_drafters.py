@@ -1,6 +1,5 @@
 """ModelDrafter's early stop and LookupThenModelDrafter: lossless, and the draft's cache kept whole."""
 import pytest
-import torch
 
 import specdec_lab as sl
 from specdec_lab.lab import lossless

@@ -1,6 +1,7 @@
 """The EAGLE-3-style draft: the target's layer states on every path, lossless decoding, the
 drafter's syncs, the unrolled training passes against drafting itself, training, saving."""
 import copy
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,9 +13,11 @@ from specdec_lab.cpu import accelerate
 from specdec_lab.cpu import build as kernels
 from specdec_lab.drafters import Eagle3Draft, Eagle3Drafter, FeatureDrafter, load_eagle3_draft, save_eagle3_draft
 from specdec_lab.drafters.eagle3 import default_hidden_layers
-from specdec_lab.train.data import generate_data, load_shards
-from specdec_lab.train.eagle3 import (UnrollKeys, eagle3_loss, target_view, train_eagle3_draft, unroll_mask,
-                                      unroll_reference)
+from specdec_lab.drafters.feature import FeatureDraft, save_feature_draft
+from specdec_lab.train.data import generate_data
+from specdec_lab.train.eagle3 import (UnrollKeys, eagle3_loss, init_from_feature_draft, subset_positions,
+                                      target_view, train_eagle3_draft, unroll_mask, unroll_reference)
+from specdec_lab.train.feature import collate_entries, load_feature_shards
 
 PROMPTS = [[1, 2, 3], [5], [7, 7, 7, 7, 2, 9], [3, 4]]
 SUBSET = list(range(0, 64, 2)) + [63]
@@ -150,8 +153,45 @@ def test_the_unrolled_passes_compute_what_drafting_computes(target, draft):
 
 
 def test_unroll_is_checked(target, draft):
+    z = torch.zeros(1, 3, dtype=torch.long)
     with pytest.raises(ValueError, match="unroll"):
-        eagle3_loss(draft, target, torch.tensor([[1, 2, 3, 4]]), [(2, 4)], unroll=0)
+        eagle3_loss(draft, z, torch.zeros(1, 3, 3 * 64), z[..., None], torch.zeros(1, 3, 1), z.float(), unroll=0)
+
+
+def test_the_stored_states_and_top_k_are_what_the_target_computes(target, draft, tmp_path):
+    """generate_data(keep_layers) stores, per answer, the states a teacher-forced pass gives, and
+    the batch collate_entries makes puts the target's top token at the entry that drafts it."""
+    prompts = [[1, 2, 3], [5, 9], [7, 7, 7, 7, 2, 9]]
+    generate_data(target, None, tmp_path, rounds=(0.0,), batch_size=3, max_new_tokens=12, prompts=prompts,
+                  progress=False, keep_layers=draft.hidden_layers)
+    train, _ = load_feature_shards([tmp_path], lambda i: False)
+    assert len(train) == 3
+    for tokens, states, P, top_ids, _ in train:
+        want, _, _ = target_view(target, draft, tokens[None])
+        assert states.shape == (len(tokens) - 1, 3 * 64)
+        torch.testing.assert_close(states.float(), want[0], atol=2e-2, rtol=2e-2)  # stored in float16
+        assert torch.equal(top_ids[:, 0], tokens[P:]), "greedy answers: the top token is the answer's"
+    tok, feat, tgt_pos, tgt_lp, weight = collate_entries(train, [0, 1, 2], subset_positions(draft))
+    pos = subset_positions(draft)
+    for b, (tokens, _, P, _, _) in enumerate(train):
+        n = len(tokens) - P
+        assert weight[b].nonzero().flatten().tolist() == list(range(P - 2, P - 2 + n))
+        assert tgt_pos[b, P - 2:P - 2 + n, 0].tolist() == pos[tokens[P:]].tolist()  # entry e drafts t_{e+2}
+
+
+def test_a_draft_started_from_a_feature_draft_drafts_as_it_does(target, tmp_path):
+    """init_from_feature_draft: where the highest layer read is the target's last, g starts as the
+    final state f exactly, so the EAGLE-3 draft proposes what the feature draft proposes."""
+    fd = FeatureDraft(target, SUBSET, seed=3)
+    folder = save_feature_draft(fd, tmp_path / "fd")
+    fd = sl.api.load_feature_draft(target, folder, accelerate=False)
+    e3 = init_from_feature_draft(Eagle3Draft(target, (0, 1, 2), vocab_ids=SUBSET, seed=9), target, folder).eval()
+    runs = [sl.SpeculativeEngine(target, d, k=3).generate([4, 5, 6, 2], max_new_tokens=30) for d in (fd, e3)]
+    assert [r.num_accepted for r in runs[0].steps] == [r.num_accepted for r in runs[1].steps]
+    with pytest.raises(ValueError, match="subset"):
+        init_from_feature_draft(Eagle3Draft(target, (0, 1, 2), vocab_ids=SUBSET[:-1]), target, folder)
+    with pytest.raises(ValueError, match="no feature draft"):
+        init_from_feature_draft(Eagle3Draft(target, (0, 1, 2), vocab_ids=SUBSET), target, tmp_path)
 
 
 @pytest.fixture(scope="module")
@@ -162,12 +202,12 @@ def trained(tmp_path_factory):
     folder = tmp_path_factory.mktemp("eagle3")
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, 40, (int(n),), generator=g).tolist() for n in torch.randint(2, 8, (60,), generator=g)]
-    generate_data(target, None, folder / "data", rounds=(0.0,), batch_size=20, max_new_tokens=24, prompts=prompts,
-                  progress=False)
-    train, held = load_shards(folder / "data", lambda i: i % 10 == 0)
     fd = Eagle3Draft(target, seed=1)
+    generate_data(target, None, folder / "data", rounds=(0.0,), batch_size=20, max_new_tokens=24, prompts=prompts,
+                  progress=False, keep_layers=fd.hidden_layers)
+    train, held = load_feature_shards([folder / "data"], lambda i: i % 10 == 0)
     before = sl.SpeculativeEngine(target, fd.eval(), k=3).generate([1, 7, 2], max_new_tokens=40).stats
-    fd, history, curve = train_eagle3_draft(fd, target, train, held, steps=40, lr=1e-2, max_tokens=512,
+    fd, history, curve = train_eagle3_draft(fd, train, held, steps=40, lr=1e-2, max_tokens=256,
                                             eval_every=10, progress=False, work_dir=folder / "work")
     return target, fd, history, curve, before, train, held, folder
 
@@ -192,7 +232,7 @@ def test_the_target_and_its_head_are_not_trained(trained):
 def test_a_rerun_resumes_from_the_checkpoint(trained):
     target, fd, history, curve, _, train, held, folder = trained
     fresh = Eagle3Draft(target, seed=7)  # its own weights are replaced by the checkpoint's
-    fresh, more, more_curve = train_eagle3_draft(fresh, target, train, held, steps=42, lr=1e-2, max_tokens=512,
+    fresh, more, more_curve = train_eagle3_draft(fresh, train, held, steps=42, lr=1e-2, max_tokens=256,
                                                  eval_every=10, progress=False, work_dir=folder / "work")
     assert len(more) == 42 and more[:40] == history and more_curve[:4] == curve
     assert more_curve[-1][1][0] > 0.8, "it went on from the trained weights, not from seed 7's"
@@ -221,6 +261,30 @@ def test_a_draft_for_a_deeper_target_is_refused(target):
     deeper = sl.tiny_model(1, n_layers=6)
     with pytest.raises(ValueError, match="layers"):
         sl.SpeculativeEngine(target, Eagle3Draft(deeper, (1, 5)), k=2)
+
+
+@pytest.mark.slow  # the default target answers ten prompts
+def test_the_recipe_answers_a_prompt_file_trains_and_writes_its_card_and_a_rerun_resumes(tmp_path, default_target):
+    import json
+
+    from specdec_lab.train.eagle3 import eagle3_main
+    prompts = [f"Tell me one thing about the number {i}." for i in range(12)]
+    (tmp_path / "mine.json").write_text(json.dumps({"prompts": prompts}))
+    kw = dict(budget="tiny", work_dir=tmp_path / "work", prompt_files=[tmp_path / "mine.json"],
+              data_dtype=torch.bfloat16, init=Path(sl.__file__).parent / "feature_draft_smollm2", progress=False,
+              log=lambda s: None, command="python -m specdec_lab distill-features --recipe eagle3 ...")
+    out, curve = eagle3_main(**kw)
+    shards = sorted((tmp_path / "work" / "mine_t0").glob("round*.pt"))
+    assert len(shards) == 1 and torch.load(shards[0])["layers"] == [1, 14, 26]
+    assert len(curve) == 1 and len(curve[0][1]) == 3, "the tenth prompt is held out: one evaluation, three depths"
+    card = (out / "README.md").read_text()
+    assert "distill-features --recipe eagle3 ..." in card and f"| 5 | {curve[0][1][0]:.3f}" in card
+    assert "9 training answers" in card and "1 held-out answers" in card
+    model = sl.api.load_eagle3_draft(default_target, out)
+    assert model.hidden_layers == (1, 14, 26)
+    stamp = shards[0].stat().st_mtime
+    _, again = eagle3_main(**kw)  # data and training both done: nothing is made again
+    assert again == curve and shards[0].stat().st_mtime == stamp
 
 
 # torch.compile on the CPU (inductor, C++): about ten seconds a graph.

@@ -55,6 +55,15 @@ def test_the_filter_drops_exact_and_near_duplicates_and_counts_them():
     assert f.kept_tokens == [12, 10] and f.rejected["duplicate"] == f.rejected["near_duplicate"] == 1
 
 
+def test_prompts_of_an_earlier_file_count_as_duplicates_and_are_not_kept_again():
+    f = PromptFilter(_cfg(), avoid=["How do I bake bread at home with little time?"])
+    assert f.kept == []
+    assert f.add("how do I bake bread at home, with little time", 11, False) == "duplicate"
+    assert f.add("How do I bake bread at home with little time and no oven?", 15, False) == "near_duplicate"
+    assert f.add("What is the best way to learn chess openings?", 10, False) is None
+    assert f.kept == ["What is the best way to learn chess openings?"]
+
+
 def test_statistics_count_distinct_trigrams_and_length_quantiles():
     prompts = ["a b c d", "a b c e", "x y z"]  # trigrams: abc, bcd, abc, bce, xyz -> 4 distinct of 5
     st = prompt_statistics(prompts, [4, 5, 3])

@@ -7,7 +7,7 @@ import torch
 import specdec_lab as sl
 from specdec_lab.train.distill import frequent_tokens, save_draft, save_vocab_subset
 from specdec_lab.core.model import VocabSubsetHead, restrict_vocab
-from test_engine import PROMPT, V, chi_square_pvalue, exact_distribution
+from test_engine import V, chi_square_pvalue, exact_distribution
 
 SUBSET = [0, 2, 3, 5, 8, 13, 21, 34, 55]
 

@@ -6,10 +6,11 @@ from pathlib import Path
 
 import torch
 
-from ..api import compiled_twin, default_dtype
+from ..api import compiled_twin, default_dtype, load_eagle3_draft, load_feature_draft
 from ..core.text import encode_prompt
-from ..cpu import accelerate, accelerated
-from ..drafters.feature import find_feature_draft_dir, load_feature_draft
+from ..cpu import accelerated
+from ..drafters.eagle3 import is_eagle3_folder
+from ..drafters.feature import find_feature_draft_dir
 from ..io.assets import ensure_default_target
 from ..io.pair import default_draft_dir, load_model_cached, with_vocab_subset
 from ..io.weights import load_draft, load_hf_causal_lm, load_hf_model
@@ -47,7 +48,7 @@ def bench_main(args, out=print, err=None):
     if getattr(args, "caches", False):
         cfg = BenchConfig(**{**(QUICK if args.quick else {}), **_overrides(args)})
         target, draft, _, _ = load_systems_models(args, device, dtype, False, err)
-        doc = compare_caches(target, draft, list(BENCH_PROMPTS[:cfg.num_prompts]), max_new_tokens=cfg.max_new_tokens)
+        doc = compare_caches(target, draft, cfg.prompts(), max_new_tokens=cfg.max_new_tokens)
         text = (f"contiguous {doc['tokens_per_second']['contiguous']:.2f} vs paged "
                 f"{doc['tokens_per_second']['paged']:.2f} target tokens/s (K={doc['k']}, P={doc['block_size']}): "
                 f"contiguous / paged = {doc['contiguous_over_paged']:.3f}; same outputs: {doc['same_outputs']}")
@@ -89,6 +90,8 @@ def _overrides(args) -> dict:
     o = {}
     if args.prompts is not None:
         o["num_prompts"] = args.prompts
+    if getattr(args, "prompt_set", None):
+        o["prompt_set"] = args.prompt_set
     if args.max_new_tokens is not None:
         o["max_new_tokens"] = args.max_new_tokens
     if args.temperatures:
@@ -146,10 +149,9 @@ def load_bench_feature_draft(args, target, log):
             return None
         folder = find_feature_draft_dir()
     log(f"loading feature draft {folder} ...")
-    model = load_feature_draft(target, folder)
-    if target.device.type == "cpu":
-        accelerate(model.body, weights="float16")
-    return model
+    # an EAGLE-3-style draft (drafters/eagle3.py) runs the same systems; either is made fast on the CPU
+    load = load_eagle3_draft if is_eagle3_folder(folder) else load_feature_draft
+    return load(target, folder)
 
 
 def _is_hf_folder(source) -> bool:

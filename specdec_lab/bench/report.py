@@ -18,7 +18,7 @@ def format_table(doc) -> str:
     if doc["models"].get("self_draft"):
         feature += f", self-draft {doc['models']['self_draft']} (pred+v from its own alpha and c)"
     rows = [f"{m['device_name']}, {m['threads']} threads, {m['dtype']}; target {mt['params'] / 1e6:.0f}M "
-            f"params, draft {md['params'] / 1e6:.1f}M{feature}; {doc['config']['num_prompts']} prompts, "
+            f"params, draft {md['params'] / 1e6:.1f}M{feature}; {_prompt_count(doc)} prompts, "
             f"up to {doc['config']['max_new_tokens']} new tokens each",
             f"step costs at {c['context']} cached tokens: target {c['target_forward_seconds'] * 1e3:.2f} ms, "
             f"draft {c['draft_forward_seconds'] * 1e3:.2f} ms, c = {c['c']:.3f}; verify K+1 over 1 token: "
@@ -169,3 +169,9 @@ def format_prediction_gap(doc, temperature_index: int = 0) -> str:
     for i, (name, _) in enumerate(chains[0] if chains else []):
         out.append(f"{name:34s}" + "".join(f"{chain[i][1]:7.2f}" for chain in chains))
     return "\n".join(out)
+
+
+def _prompt_count(doc) -> str:
+    """'24 bench' for a run's prompts; documents stored before the prompt sets say only the count."""
+    p = doc.get("prompts")
+    return f"{p['count']} {p['set']}" if p else f"{doc['config']['num_prompts']}"

@@ -60,6 +60,7 @@ from ..core.sampling import logits_to_probs
 from ..core.text import encode_prompt
 from ..cpu import SelfDraft, best_weights
 from ..train.acceptance import StepCosts, measure_step_costs
+from ..train.handwritten import HANDWRITTEN_PROMPTS
 from ..train.prompts import BENCH_KINDS, BENCH_PROMPTS
 from .systems import SELF_KS, System, Tally, make_systems
 
@@ -88,9 +89,13 @@ def teacher_forced_alpha(target, draft, runs, temperature) -> tuple[float, int]:
     return (total / count if count else 0.0), count
 
 
+PROMPT_SETS = {"bench": BENCH_PROMPTS, "held-out": HANDWRITTEN_PROMPTS}
+
+
 @dataclass
 class BenchConfig:
-    num_prompts: int = 24  # the first N of BENCH_PROMPTS
+    num_prompts: int | None = None  # the first N of the prompt set (default: all of it)
+    prompt_set: str = "bench"  # bench: BENCH_PROMPTS; held-out: the hand-written prompts (train/handwritten.py)
     max_new_tokens: int = 128
     temperatures: tuple = (0.0, 0.7)
     ks: tuple = tuple(range(1, 9))  # fixed draft lengths; adaptive K runs besides them
@@ -105,8 +110,12 @@ class BenchConfig:
     quick: bool = False
 
     def __post_init__(self):
-        if not 1 <= self.num_prompts <= len(BENCH_PROMPTS):
-            raise ValueError(f"num_prompts must be in [1, {len(BENCH_PROMPTS)}], got {self.num_prompts!r}")
+        if self.prompt_set not in PROMPT_SETS:
+            raise ValueError(f"prompt_set must be one of {', '.join(PROMPT_SETS)}, got {self.prompt_set!r}")
+        n = len(PROMPT_SETS[self.prompt_set])
+        if self.num_prompts is not None and not 1 <= self.num_prompts <= n:
+            raise ValueError(f"num_prompts must be in [1, {n}] for the {self.prompt_set} prompts, "
+                             f"got {self.num_prompts!r}")
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens!r}")
         if not self.temperatures or any(t < 0 for t in self.temperatures):
@@ -115,6 +124,11 @@ class BenchConfig:
             raise ValueError(f"ks must lie in [1, 16], got {self.ks!r}")
         if isinstance(self.samples, bool) or not isinstance(self.samples, int) or not 1 <= self.samples <= 100:
             raise ValueError(f"samples must be an int in [1, 100], got {self.samples!r}")
+
+
+    def prompts(self) -> list:
+        """The prompt texts this configuration runs."""
+        return list(PROMPT_SETS[self.prompt_set][:self.num_prompts])
 
 
 # Sample s of prompt i runs with seed cfg.seed + i + SAMPLE_STRIDE * s: distinct for up to 1000 prompts.
@@ -325,7 +339,7 @@ def run_bench(target, draft, cfg: BenchConfig, hf_target=None, hf_draft=None, lo
     device = target.device
     clock = Clock(device)
     tok = getattr(target, "tokenizer", None)
-    prompt_ids = [encode_prompt(tok, p) for p in BENCH_PROMPTS[:cfg.num_prompts]]
+    prompt_ids = [encode_prompt(tok, p) for p in cfg.prompts()]
     if log:
         log("measuring memory bandwidth and step costs ...")
     probe = BandwidthProbe(device, reps=3 if cfg.quick else 7)
@@ -367,6 +381,7 @@ def run_bench(target, draft, cfg: BenchConfig, hf_target=None, hf_draft=None, lo
     return {
         "measured_at": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "config": asdict(cfg),
+        "prompts": {"set": cfg.prompt_set, "count": len(prompt_ids)},
         "machine": {"device": str(device), "device_name": _device_name(device),
                     "threads": torch.get_num_threads(), "dtype": str(target.dtype).replace("torch.", "")},
         "models": {"target": _model_info(target), "draft": _model_info(draft),

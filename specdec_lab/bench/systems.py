@@ -4,7 +4,7 @@ from dataclasses import dataclass, field
 
 from ..api import LookupThenModelDrafter, SpeculativeEngine, autoregressive_generate
 from ..cpu import QuantizedDecoding, SelfDraft
-from ..drafters import FeatureDrafter, ModelDrafter
+from ..drafters import Eagle3Draft, Eagle3Drafter, FeatureDrafter, ModelDrafter
 from ..io.weights import hf_generate
 from ..policies.adaptive import CostAwareController
 
@@ -139,10 +139,11 @@ def make_systems(target, draft, ks, adaptive=True, hf_target=None, hf_draft=None
             systems.append(System(name, label, spec_refined, drafts=True, k_max=STOP_K))
     if feature_draft is not None:
         capacity = min(2048, target.cfg.max_seq_len)
-        feature = [(f"spec_feat_k{k}", f"feature draft, K={k}", FeatureDrafter(feature_draft, capacity), k, None)
+        drafter_of = Eagle3Drafter if isinstance(feature_draft, Eagle3Draft) else FeatureDrafter
+        feature = [(f"spec_feat_k{k}", f"feature draft, K={k}", drafter_of(feature_draft, capacity), k, None)
                    for k in FEATURE_KS]
         feature.append(("spec_feat_stop", f"feature, K<={FEATURE_STOP_K}, stop at q<{STOP_BELOW:g}",
-                        FeatureDrafter(feature_draft, capacity, stop_below=STOP_BELOW), FEATURE_STOP_K,
+                        drafter_of(feature_draft, capacity, stop_below=STOP_BELOW), FEATURE_STOP_K,
                         FEATURE_STOP_K))
         feature.append(("spec_feat_lookup", f"feature draft, lookup + K={FEATURE_LOOKUP_K}",
                         LookupThenModelDrafter(feature_draft, capacity), FEATURE_LOOKUP_K, FEATURE_LOOKUP_K))

@@ -101,6 +101,12 @@ def save_eagle3_draft(model, out_dir, card=None):
     return out
 
 
+def is_eagle3_folder(folder) -> bool:
+    """Whether `folder` holds a draft save_eagle3_draft wrote."""
+    cfg = Path(folder) / "config.json"
+    return cfg.exists() and json.loads(cfg.read_text()).get("kind") == KIND
+
+
 def load_eagle3_draft(target, folder):
     """An Eagle3Draft for `target` from save_eagle3_draft's folder, in the target's dtype."""
     folder = Path(folder)

@@ -29,10 +29,21 @@ def _prefill_mask(pad: torch.Tensor, n: int) -> torch.Tensor:
 
 @torch.no_grad()
 def sample_batch(model, prompts: list[list[int]], max_new_tokens: int, temperature: float,
-                 generator: torch.Generator, top_k_store: int = 64, keep_hidden: bool = False):
+                 generator: torch.Generator, top_k_store: int = 64, keep_hidden: bool = False,
+                 keep_layers: tuple | None = None):
     """Answer a batch of prompts; returns per prompt (answer ids, top-k ids, top-k log-probs), and
     with keep_hidden a fourth item: the target's final hidden states (prompt + answer - 1, dim) in
-    float16, at every position it read (train/feature.py trains on them)."""
+    float16, at every position it read (train/feature.py trains on them). With keep_layers, the
+    fourth item is instead the residual stream after those layers, (prompt + answer - 1,
+    len(keep_layers) * dim), what an EAGLE-3-style draft reads (train/eagle3.py)."""
+    keep_hidden = keep_hidden or keep_layers is not None
+
+    def forward(x, mask):  # (final states, what to keep)
+        if keep_layers is None:
+            h = model.hidden(x, cache=cache, mask=mask)
+            return h, h
+        return model.hidden(x, cache=cache, mask=mask, layers=keep_layers)
+
     B, n = len(prompts), max(len(p) for p in prompts)
     eos = torch.tensor(model.cfg.eos_token_ids)
     pad = torch.tensor([n - len(p) for p in prompts])
@@ -40,9 +51,9 @@ def sample_batch(model, prompts: list[list[int]], max_new_tokens: int, temperatu
     for b, p in enumerate(prompts):
         tokens[b, n - len(p):] = torch.tensor(p)
     cache = KVCache.for_model(model.cfg, n + max_new_tokens, batch_size=B, dtype=model.dtype)
-    h = model.hidden(tokens, cache=cache, mask=_prefill_mask(pad, n))  # (B, n, dim)
+    h, kept = forward(tokens, _prefill_mask(pad, n))  # (B, n, dim)
     logits = model.head(h[:, -1]).float()  # (B, V)
-    hidden = [h.half()] if keep_hidden else None
+    hidden = [kept.half()] if keep_hidden else None
     out, top_ids, top_lp = [], [], []
     done = torch.zeros(B, dtype=torch.bool)
     for _ in range(max_new_tokens):
@@ -57,10 +68,10 @@ def sample_batch(model, prompts: list[list[int]], max_new_tokens: int, temperatu
             break
         col = torch.arange(cache.length + 1)
         mask = torch.zeros(B, 1, 1, cache.length + 1).masked_fill(col < pad.view(-1, 1, 1, 1), float("-inf"))
-        h = model.hidden(nxt[:, None], cache=cache, mask=mask)  # (B, 1, dim)
+        h, kept = forward(nxt[:, None], mask)  # (B, 1, dim)
         logits = model.head(h[:, -1]).float()
         if keep_hidden:
-            hidden.append(h.half())
+            hidden.append(kept.half())
     out, top_ids, top_lp = torch.stack(out, 1), torch.stack(top_ids, 1), torch.stack(top_lp, 1)
     hidden = torch.cat(hidden, 1) if keep_hidden else None  # (B, n + steps - 1, dim)
     results = []
@@ -76,10 +87,11 @@ def sample_batch(model, prompts: list[list[int]], max_new_tokens: int, temperatu
 
 def generate_data(target, tokenizer, out_dir, rounds=(0.7, 0.0, 1.0), batch_size=16,
                   max_new_tokens=256, top_k_store=64, seed=0, prompts=None, progress=True, max_minutes=None,
-                  keep_hidden=False):
+                  keep_hidden=False, keep_layers=None):
     """Write shards round{r}_{i}.pt under out_dir. Each round answers every prompt once at its temperature.
     With max_minutes, stop starting new batches after that long (a rerun resumes where it stopped).
-    keep_hidden also stores the target's hidden states (sample_batch) under "hidden"."""
+    keep_hidden also stores the target's hidden states (sample_batch) under "hidden"; keep_layers, the
+    states after those layers instead (and the layers under "layers")."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     prompts = prompts if prompts is not None else distill_prompts()
@@ -103,13 +115,16 @@ def generate_data(target, tokenizer, out_dir, rounds=(0.7, 0.0, 1.0), batch_size
             if max_minutes is not None and time.time() - t0 > 60 * max_minutes:
                 bar.close()
                 return out_dir
-            res = sample_batch(target, [encoded[j] for j in idx], max_new_tokens, temp, g, top_k_store, keep_hidden)
+            res = sample_batch(target, [encoded[j] for j in idx], max_new_tokens, temp, g, top_k_store, keep_hidden,
+                               keep_layers)
             shard = {"prompt_index": idx, "temperature": temp,
                      "prompt_ids": [torch.tensor(encoded[j], dtype=torch.int32) for j in idx],
                      "answer_ids": [r[0].to(torch.int32) for r in res],
                      "top_ids": [r[1] for r in res], "top_logprobs": [r[2] for r in res]}
-            if keep_hidden:
+            if keep_hidden or keep_layers is not None:
                 shard["hidden"] = [r[3] for r in res]
+            if keep_layers is not None:
+                shard["layers"] = list(keep_layers)
             torch.save(shard, str(path) + ".partial")
             Path(str(path) + ".partial").replace(path)
             n_tokens += sum(len(r[0]) for r in res)
@@ -135,12 +150,14 @@ def load_shards(data_dir, held_out):
     return train, held
 
 
-def make_batches(examples, max_tokens, generator):
-    """Length-sorted batches of about max_tokens tokens, shuffled batch order."""
-    order = sorted(range(len(examples)), key=lambda i: len(examples[i][0]) + len(examples[i][1]))
+def make_batches(examples, max_tokens, generator, length=None):
+    """Length-sorted batches of about max_tokens tokens, shuffled batch order. `length`: an example's
+    length in tokens (default: prompt + answer, load_shards' examples)."""
+    length = length or (lambda ex: len(ex[0]) + len(ex[1]))
+    order = sorted(range(len(examples)), key=lambda i: length(examples[i]))
     batches, cur, cur_len = [], [], 0
     for i in order:
-        n = len(examples[i][0]) + len(examples[i][1])
+        n = length(examples[i])
         if cur and (len(cur) + 1) * max(cur_len, n) > max_tokens:
             batches.append(cur)
             cur, cur_len = [], 0

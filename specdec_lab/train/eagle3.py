@@ -2,11 +2,12 @@
 (Li et al., "EAGLE-3: Scaling up Inference Acceleration of Large Language Models via
 Training-Time Test", arXiv 2503.01840).
 
-Data: the target's own answers as train/data.py stores them (`load_shards` examples). No states
-are stored: each step runs the target over the batch without gradient, for the states of the
-draft's layers and for the target's distribution. Three layers' states would triple the shards
-of train/feature.py, and one target forward over a batch is cheap next to the draft's unrolled
-passes and their backward.
+Data: the target's own answers with its states after the draft's layers, stored while it answers
+(train/data.py's generate_data with keep_layers), in the examples of train/feature.py's
+load_feature_shards. Storing them costs 3 * 576 * 2 bytes per position for SmolLM2-135M and
+saves a target forward over every batch at every step: with that forward inside the step, a step
+of 4096 tokens took about 31 s on the project's 2-core CPU; without it, a step of 2048 positions
+unrolled 3 deep takes about 2.5 s on one of its threads.
 
 Training-time test. Drafting from a base entry c (the last one that read a true state g_c), the
 draft makes entries c+1, c+2, ... that read its own h of the entry before, and that attend to
@@ -19,26 +20,30 @@ entry e at once, the entry drafted s steps after the base c = e - s:
 
 The token is the true one (teacher forcing: a later draft matters only where the earlier ones
 were right), the state the draft's own. Every pass predicts t_{e+2}; its loss is the
-cross-entropy from the target's distribution there (over the head's token subset, renormalised)
-to the draft's, at entries whose base is at or after the prompt's last token and whose token
-is an answer token. No loss pulls h towards a target state. `unroll_reference` computes one
-drafted chain the way the drafter does, entry by entry through a KVCache, and the tests check
-that the passes agree with it.
+cross-entropy from the target's stored top-k there (within the head's token subset,
+renormalised) to the draft's, at entries whose base is at or after the prompt's last token and
+whose token is an answer token. No loss pulls h towards a target state. `unroll_reference`
+computes one drafted chain the way the drafter does, entry by entry through a KVCache, and the
+tests check that the passes agree with it.
 """
+import json
 import math
 import time
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file
 from tqdm.auto import tqdm
 
 from ..core.config import cache_dir
 from ..core.kv_cache import KVCache
-from ..drafters.eagle3 import Eagle3Draft, save_eagle3_draft
+from ..drafters.eagle3 import (Eagle3Draft, default_hidden_layers, is_eagle3_folder, load_eagle3_draft,
+                               save_eagle3_draft)
 from ..io.assets import ensure_default_target
 from ..io.pair import default_draft_dir, vocab_subset
 from ..io.weights import load_model
-from .data import generate_data, load_shards, make_batches
+from .data import generate_data, make_batches
+from .feature import collate_entries, load_feature_shards
 from .prompts import is_held_out
 
 
@@ -79,20 +84,12 @@ def check_unroll(unroll):
         raise ValueError(f"unroll must be an int in [1, 8], got {unroll!r}")
 
 
-def collate_sequences(examples, idx, pad_id):
-    """Right-padded prompt + answer tokens (B, L) and their (prompt length, length) per row."""
-    seqs = [torch.cat([examples[i][0], examples[i][1]]) for i in idx]
-    x = torch.full((len(idx), max(len(s) for s in seqs)), pad_id, dtype=torch.long)
-    for b, s in enumerate(seqs):
-        x[b, :len(s)] = s
-    return x, [(len(examples[i][0]), len(s)) for i, s in zip(idx, seqs)]
-
-
 @torch.no_grad()
 def target_view(target, model, x):
-    """The target over x (B, L): the draft's inputs g (B, L - 1, dim) at entries 0..L-2, the
+    """The target over x (B, L): the draft's inputs (B, L - 1, n * dim) at entries 0..L-2, the
     target's distribution over the head's subset at positions 1..L-1 (B, L - 1, S), and where its
-    top token sits in the subset (B, L - 1), -1 where it is outside."""
+    top token sits in the subset (B, L - 1), -1 where it is outside. What the stored shards hold,
+    computed afresh: unroll_reference and the tests use it."""
     final, states = target.hidden(x, layers=model.hidden_layers)  # (B, L, dim), (B, L, n * dim)
     logits = target.head(final[:, 1:]).float()  # (B, L - 1, V)
     ids = model.body.head.ids
@@ -101,29 +98,30 @@ def target_view(target, model, x):
     return states[:, :-1], logits[..., ids].softmax(-1), pos[logits.argmax(-1)]
 
 
-def eagle3_loss(model, target, x, lengths, unroll=3):
-    """The training-time-test loss over a batch x (B, L) of prompt + answer rows with their
-    (prompt length, length): (mean of the passes' losses, [loss per pass], [agreement per pass]),
-    agreement the share of trained entries where the draft's top token is the target's."""
+def eagle3_loss(model, tok, states, tgt_pos, tgt_lp, weight, unroll=3):
+    """The training-time-test loss over a batch from collate_entries: tokens (B, N), the target's
+    layer states (B, N, n * dim), its top-k at answer entries as subset positions (B, N, k) with
+    their log-probabilities, weight (B, N) 1 at answer entries. Returns (mean of the passes'
+    losses, [loss per pass], [agreement per pass]), agreement the share of trained entries where
+    the draft's top token is the target's."""
     check_unroll(unroll)
-    states, p, top = target_view(target, model, x)
-    tok, N = x[:, 1:], x.shape[1] - 1
+    B, N = tok.shape
     g = model.fuse_states(states)  # (B, N, dim): with gradient, the fusion is trained
     W = model.body.head.proj.weight  # (dim, S), frozen
-    e = torch.arange(N, device=x.device)
-    keys, pos = UnrollKeys(model.body.cfg.n_layers), e
+    p = torch.where(tgt_pos >= 0, tgt_lp, -1e4).softmax(-1)  # the target's top-k within the subset
+    e = torch.arange(N, device=tok.device)
+    keys = UnrollKeys(model.body.cfg.n_layers)
     total, losses, agree = 0.0, [], []
     for s in range(unroll):
-        h = model.body.hidden(tok, input_pos=pos, cache=keys, mask=unroll_mask(N, s, x.device),
+        h = model.body.hidden(tok, input_pos=e, cache=keys, mask=unroll_mask(N, s, tok.device),
                               embeds=model.inputs(tok, g))  # (B, N, dim)
-        # entry e predicts token e + 2 of the row: an answer token, from a base e - s at or after P - 2
-        w = torch.stack([(e >= P - 2 + s) & (e <= L - 3) for P, L in lengths]).float()  # (B, N)
-        logq = (h @ W).float().log_softmax(-1)  # (B, N, S)
-        ce = -(p * logq).sum(-1)  # (B, N)
-        loss = (ce * w).sum() / w.sum().clamp_min(1)
-        hit = (logq.argmax(-1) == top).float()
+        # entry e predicts an answer token from a base e - s that is an answer entry too
+        keep = (weight > 0) & (torch.cat([weight.new_zeros(B, s), weight[:, :N - s]], 1) > 0)  # (B, N)
+        logq = (h[keep] @ W).float().log_softmax(-1)  # (M, S)
+        loss = -(p[keep] * logq.gather(-1, tgt_pos[keep].clamp_min(0))).sum(-1).mean()
+        top = tgt_pos[keep][:, 0]
         total, losses = total + loss, losses + [loss.item()]
-        agree.append(((hit * w).sum() / w.sum().clamp_min(1)).item())
+        agree.append(((logq.argmax(-1) == top) & (top >= 0)).float().mean().item())
         g = torch.cat([g[:, :1], h[:, :-1]], 1)  # entry e now reads h of entry e - 1
     return total / unroll, losses, agree
 
@@ -147,27 +145,64 @@ def unroll_reference(model, target, seq, base, depth):
     return torch.stack(out)
 
 
-def evaluate(model, target, held, max_tokens, unroll, pad_id):
-    """Held-out agreement per pass: each batch's agreement weighted by its answer tokens."""
-    sums, count = [0.0] * unroll, 0
+def entries(example):
+    """The length make_batches counts for a load_feature_shards example: its tokens."""
+    return len(example[0])
+
+
+def subset_positions(model):
+    """(V,) the position of each token id in the head's subset, -1 outside it."""
+    pos = torch.full((model.cfg.vocab_size,), -1, dtype=torch.long)
+    pos[model.body.head.ids.cpu()] = torch.arange(len(model.body.head.ids))
+    return pos
+
+
+def evaluate(model, held, max_tokens, unroll):
+    """Held-out agreement per pass: each batch's agreement weighted by its trained entries."""
+    sums, count, subset_pos = [0.0] * unroll, 0, subset_positions(model)
     with torch.no_grad():
-        for idx in make_batches(held, max_tokens, torch.Generator().manual_seed(1)):
-            x, lengths = collate_sequences(held, idx, pad_id)
-            _, _, agree = eagle3_loss(model, target, x.to(model.device), lengths, unroll)
-            n = sum(L - P for P, L in lengths)
+        for idx in make_batches(held, max_tokens, torch.Generator().manual_seed(1), length=entries):
+            batch = [t.to(model.device) for t in collate_entries(held, idx, subset_pos)]
+            _, _, agree = eagle3_loss(model, *batch, unroll=unroll)
+            n = int(batch[4].sum())
             sums, count = [a + b * n for a, b in zip(sums, agree)], count + n
     return [a / max(count, 1) for a in sums]
 
 
-def train_eagle3_draft(model: Eagle3Draft, target, train, held=(), steps=600, lr=2e-3, max_tokens=4096, unroll=3,
+def init_from_feature_draft(model: Eagle3Draft, target, folder):
+    """Start from a trained EAGLE-style feature draft (drafters/feature.py) of the same target and
+    head: its layer, input projection and norms are copied, and the fusion starts as the final
+    norm's scale on the highest layer's normalised states (zero on the others), so that g starts
+    near the final state f that the feature draft was trained to read."""
+    folder = Path(folder)
+    if not (folder / "config.json").exists():
+        raise ValueError(f"no feature draft in {folder}: `python -m specdec_lab distill-features` makes one")
+    cfg = json.loads((folder / "config.json").read_text())
+    if cfg.get("n_layers") != model.body.cfg.n_layers or cfg.get("vocab_ids") != model.body.head.ids.tolist():
+        raise ValueError(f"the feature draft in {folder} has another depth or another token subset in its head "
+                         f"than this draft: it cannot start it")
+    weights = {k: v.to(model.dtype) for k, v in load_file(str(folder / "model.safetensors")).items()}
+    missing, unexpected = model.load_state_dict(weights, strict=False)
+    missing = [k for k in missing if not k.startswith(("body.head.", "fuse."))]
+    if missing or unexpected:
+        raise ValueError(f"{folder}: missing {missing}, unexpected {unexpected}")
+    n, dim = len(model.hidden_layers), model.state_width
+    gamma = target.norm.weight.detach().to(model.fuse.weight.dtype)
+    with torch.no_grad():
+        model.fuse.weight.zero_()
+        model.fuse.weight[(n - 1) * dim:] = torch.diag(gamma)  # weights are (in, out)
+    return model
+
+
+def train_eagle3_draft(model: Eagle3Draft, train, held=(), steps=600, lr=2e-3, max_tokens=4096, unroll=3,
                        eval_every=100, seed=0, progress=True, log=None, work_dir=None, save_to=None):
     """AdamW with warm-up and cosine decay over `steps`. Returns (model, history, curve): history a
     list of (step, [training loss per pass]), curve a list of (step, [held-out agreement per pass]).
-    `train` is a list of load_shards examples or a function returning the current list (called
-    at every epoch). `work_dir`: ckpt.pt there at every evaluation, and a rerun resumes from it.
+    `train` is a list of load_feature_shards examples (with the draft's layers' states) or a
+    function returning the current list (called at every epoch). `work_dir`: ckpt.pt there at every evaluation, and a rerun resumes from it.
     `save_to`: the draft is saved there whenever held-out agreement at depth 1 is the best so far."""
     check_unroll(unroll)
-    pad_id = target.cfg.eos_token_ids[0] if target.cfg.eos_token_ids else 0
+    subset_pos = subset_positions(model)
     g = torch.Generator().manual_seed(seed)
     params = [p.requires_grad_(True) for n, p in model.named_parameters() if not n.startswith("body.head.")]
     opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
@@ -189,11 +224,11 @@ def train_eagle3_draft(model: Eagle3Draft, target, train, held=(), steps=600, lr
     while step < steps:
         if not batches:
             examples = train() if callable(train) else train
-            batches = make_batches(examples, max_tokens, g)
-        x, lengths = collate_sequences(examples, batches.pop(), pad_id)
+            batches = make_batches(examples, max_tokens, g, length=entries)
+        batch = [t.to(model.device) for t in collate_entries(examples, batches.pop(), subset_pos)]
         for group in opt.param_groups:
             group["lr"] = lr * schedule(step)
-        loss, losses, agree = eagle3_loss(model, target, x.to(model.device), lengths, unroll)
+        loss, losses, agree = eagle3_loss(model, *batch, unroll=unroll)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -202,7 +237,7 @@ def train_eagle3_draft(model: Eagle3Draft, target, train, held=(), steps=600, lr
         history.append((step, losses))
         if held and (step % eval_every == 0 or step == steps):
             model.eval()
-            curve.append((step, evaluate(model, target, held, max_tokens, unroll, pad_id)))
+            curve.append((step, evaluate(model, held, max_tokens, unroll)))
             model.train()
             if log:
                 log(step, loss.item(), curve[-1][1], time.time() - t0)
@@ -219,44 +254,93 @@ def train_eagle3_draft(model: Eagle3Draft, target, train, held=(), steps=600, lr
     return model.eval().requires_grad_(False), history, curve
 
 
-# The same prompts and answers as train/feature.py's budgets, without the states: the target
-# recomputes them at each step.
+# Prompt sets and answers. "full" answers the prompt files given (train/magpie.py's; without
+# any, train/feature.py's three template sets), each prompt once per temperature.
 EAGLE3_BUDGETS = {
-    "tiny": dict(prompts_per_set=8, temperatures=(0.0,), max_new_tokens=8, steps=5, eval_every=5),
-    "full": dict(prompts_per_set=None, temperatures=(0.0, 0.7), max_new_tokens=64, steps=1000, eval_every=100),
+    "tiny": dict(prompts_per_set=10, temperatures=(0.0,), max_new_tokens=8, steps=5, eval_every=5),
+    "full": dict(prompts_per_set=None, temperatures=(0.0, 0.7, 1.0), max_new_tokens=128, steps=1000, eval_every=50),
 }
 
 
-def eagle3_main(budget="full", out_dir=None, work_dir=None, data_dirs=None, steps=None, lr=3e-3, unroll=3,
-                data_minutes=None, device="cpu", progress=True, log=print):
-    """`python -m specdec_lab distill-features --recipe eagle3`: the target's answers (generated
-    into work_dir, resumable, or the shards already under `data_dirs`), then training (resumable
-    from work_dir/train/ckpt.pt), then a folder load_eagle3_draft reads. Every 10th prompt of
-    each set is held out (prompts.is_held_out). Returns (folder, curve)."""
-    from .feature import feature_sets  # the prompt sets train/feature.py answers
+def eagle3_sources(prompt_files, prompts_per_set=None):
+    """(name, prompts) per source: the prompt files (named by their stem), or without any the
+    template sets train/feature.py answers."""
+    from .feature import feature_sets
+    from .magpie import load_prompt_file
+    if prompt_files:
+        sets = [(Path(f).stem, (lambda f=f: load_prompt_file(f))) for f in prompt_files]
+    else:
+        sets = list(feature_sets())
+    return [(name, prompts()[:prompts_per_set] if prompts_per_set else prompts()) for name, prompts in sets]
+
+
+def eagle3_main(budget="full", out_dir=None, work_dir=None, data_dirs=None, prompt_files=None, temperatures=None,
+                max_new_tokens=None, data_dtype=None, steps=None, lr=3e-3, unroll=3, max_tokens=None, init=None,
+                data_minutes=None, device="cpu", progress=True, log=print, command=None):
+    """`python -m specdec_lab distill-features --recipe eagle3`: the target's answers with its
+    layer states (generated into work_dir, resumable; or the shards already under `data_dirs`),
+    then training (resumable from work_dir/train_{out's name}/ckpt.pt), then a folder load_eagle3_draft reads,
+    with a model card that records `command` and the held-out curve. Every 10th prompt of each
+    source is held out (prompts.is_held_out). `data_dtype`: the target's precision while it
+    answers (bfloat16 about doubles the answers per second on the CPU). `init`: a folder to start
+    from, an EAGLE-3 draft's (a second phase, with a fresh optimizer and schedule) or a feature
+    draft's (init_from_feature_draft). Returns (folder, curve)."""
     cfg_b = EAGLE3_BUDGETS[budget]
+    temperatures = tuple(temperatures) if temperatures is not None else cfg_b["temperatures"]
+    max_new_tokens, max_tokens = max_new_tokens or cfg_b["max_new_tokens"], max_tokens or 2048
     target, tok = load_model(ensure_default_target(), device=device)
+    layers = default_hidden_layers(target.cfg.n_layers)
     work = Path(work_dir or cache_dir() / f"eagle3_draft_{budget}")
     dirs, t0 = [Path(d) for d in data_dirs or []], time.time()
     if not dirs:
-        for temp in cfg_b["temperatures"]:
-            for name, prompts in feature_sets():
-                ps = prompts()[:cfg_b["prompts_per_set"]] if cfg_b["prompts_per_set"] else prompts()
+        answerer = target if data_dtype in (None, target.dtype) else load_model(
+            ensure_default_target(), device=device, dtype=data_dtype)[0]
+        for name, prompts in eagle3_sources(prompt_files, cfg_b["prompts_per_set"]):
+            for temp in temperatures:
                 left = None if data_minutes is None else max(0.0, data_minutes - (time.time() - t0) / 60)
-                dirs.append(generate_data(target, tok, work / f"{name}_t{temp:g}", rounds=(temp,), batch_size=32,
-                                          max_new_tokens=cfg_b["max_new_tokens"], seed=700, prompts=ps,
-                                          progress=progress, max_minutes=left))
-    train, held = [], []
-    for d in dirs:
-        t, h = load_shards(d, is_held_out)
-        train, held = train + t, held + h
+                dirs.append(generate_data(answerer, tok, work / f"{name}_t{temp:g}", rounds=(temp,), batch_size=32,
+                                          max_new_tokens=max_new_tokens, seed=700, prompts=prompts,
+                                          progress=progress, max_minutes=left, keep_layers=layers))
+        del answerer
+    train, held = load_feature_shards(dirs, is_held_out)
     if not train:
         raise ValueError(f"no training answers under {[str(d) for d in dirs]}: let the data generation run longer")
-    log(f"{len(train)} training answers ({sum(len(e[1]) for e in train)} answer tokens), {len(held)} held out")
-    model = Eagle3Draft(target, vocab_ids=vocab_subset(default_draft_dir()))
-    model, _, curve = train_eagle3_draft(
-        model, target, train, held, steps=steps or cfg_b["steps"], lr=lr, unroll=unroll,
-        eval_every=cfg_b["eval_every"], progress=progress, work_dir=work / "train",
-        log=lambda step, loss, agree, sec: log(f"step {step}: loss {loss:.3f}, held-out agreement by depth "
-                                               + " ".join(f"{a:.3f}" for a in agree) + f" ({sec:.0f} s)"))
-    return save_eagle3_draft(model, out_dir or work / "eagle3_draft"), curve
+    width = train[0][1].shape[-1]
+    if width != len(layers) * target.cfg.dim:
+        raise ValueError(f"the shards under {[str(d) for d in dirs]} hold states {width} wide; an EAGLE-3 draft of "
+                         f"layers {layers} needs {len(layers) * target.cfg.dim} (made with keep_layers)")
+    n_train, out = sum(len(e[0]) - e[2] for e in train), Path(out_dir or work / "eagle3_draft")
+    log(f"{len(train)} training answers ({n_train} answer tokens), {len(held)} held out")
+    model = Eagle3Draft(target, layers, vocab_ids=vocab_subset(default_draft_dir()))
+    if init is not None and is_eagle3_folder(init):  # a second phase: go on from an EAGLE-3 draft's weights
+        model.load_state_dict(load_eagle3_draft(target, init).state_dict())
+    elif init is not None:
+        init_from_feature_draft(model, target, init)
+
+    def on_eval(step, loss, agree, sec):
+        log(f"step {step}: loss {loss:.3f}, held-out agreement by depth " + " ".join(f"{a:.3f}" for a in agree)
+            + f" ({sec:.0f} s)")
+
+    model, history, curve = train_eagle3_draft(
+        model, train, held, steps=steps or cfg_b["steps"], lr=lr, unroll=unroll, max_tokens=max_tokens,
+        eval_every=cfg_b["eval_every"], progress=progress, work_dir=work / f"train_{Path(out).name}", log=on_eval,
+        save_to=out)
+    card = eagle3_card(command, dirs, len(train), n_train, len(held), layers, curve, init, lr, unroll, max_tokens)
+    return save_eagle3_draft(model, out, card), curve
+
+
+def eagle3_card(command, dirs, n_answers, n_tokens, n_held, layers, curve, init, lr, unroll, max_tokens):
+    """The model card's recipe part: data, settings, command, and the held-out curve by depth."""
+    rows = "\n".join(f"| {step} | " + " | ".join(f"{a:.3f}" for a in agree) + " |" for step, agree in curve)
+    depth = len(curve[0][1]) if curve else unroll
+    return (f"# An EAGLE-3-style draft for SmolLM2-135M-Instruct\n\n"
+            f"Reads the target's residual stream after layers {', '.join(map(str, layers))} (drafters/eagle3.py), "
+            f"trained with train/eagle3.py: token loss from the target's stored top-64, training-time test "
+            f"unrolled {unroll} deep, AdamW, peak learning rate {lr:g}, batches of at most {max_tokens} positions, "
+            f"{'started from the feature draft in ' + str(init) if init else 'from random weights'}.\n\n"
+            f"Data: {n_answers} training answers ({n_tokens} answer tokens) and {n_held} held-out answers "
+            f"(every 10th prompt of each source), from {', '.join(d.name for d in dirs)}.\n\n"
+            f"Command:\n\n    {command or '(called from Python)'}\n\n"
+            f"Held-out agreement along the stored answers (teacher-forced), by drafted position:\n\n"
+            f"| step | " + " | ".join(f"position {i + 1}" for i in range(depth)) + " |\n"
+            "| --- |" + " --- |" * depth + "\n" + rows + "\n")

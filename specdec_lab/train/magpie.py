@@ -38,7 +38,7 @@ from tqdm.auto import tqdm
 from ..api import SpeculativeEngine, autoregressive_generate
 from ..core.kv_cache import KVCache
 from ..core.sampling import logits_to_probs, make_generator, sample
-from .handwritten import NearDuplicateIndex, is_held_out_text, normalize, word_ngrams
+from .handwritten import NearDuplicateIndex, is_held_out_text, normalize
 
 REASONS = ("empty", "runaway", "template", "not_request", "held_out", "duplicate", "near_duplicate")
 ATTEMPTS_PER_SEED = 10**6  # attempt seeds seed * 10**6 + i never collide between runs of nearby seeds
@@ -144,9 +144,13 @@ def reject_reason(text: str, hit_cap: bool, min_words: int = 3) -> str | None:
 class PromptFilter:
     """The filters and both deduplications, fed one sampled turn at a time, in attempt order."""
 
-    def __init__(self, cfg: SynthesisConfig):
+    def __init__(self, cfg: SynthesisConfig, avoid=()):
+        """avoid: prompts kept elsewhere (an earlier file): a turn that matches one, exactly or
+        nearly, is rejected as a duplicate, so a second file adds only new requests."""
         self.cfg, self.index = cfg, NearDuplicateIndex(threshold=cfg.near_duplicate)
         self.kept, self.kept_tokens, self.rejected = [], [], dict.fromkeys(REASONS, 0)
+        for text in avoid:
+            self.index.add(text.strip())
 
     def add(self, text: str, num_tokens: int, hit_cap: bool) -> str | None:
         """Keep `text` or count why not; returns the reason, None when kept."""
@@ -243,7 +247,7 @@ def _sample(target, engine, prefix_ids, cfg, attempt):
 
 
 def synthesize_prompts(target, prefix_ids, decode, cfg: SynthesisConfig, out, draft=None, k=3,
-                       max_minutes=None, stop_after=None, progress=True) -> dict:
+                       max_minutes=None, stop_after=None, progress=True, avoid=()) -> dict:
     """Sample user turns after `prefix_ids` until cfg.n are kept or cfg.attempts are spent; then write
     {"seed", "settings", "complete", "attempts", "rejected", "stats", "prompts"} as JSON to `out` and return it.
 
@@ -252,13 +256,15 @@ def synthesize_prompts(target, prefix_ids, decode, cfg: SynthesisConfig, out, dr
     at K = k with `draft` (the same distribution: speculative sampling is lossless), or with
     autoregressive_generate. Attempts go to `out`.partial as they land. After `max_minutes`, or
     `stop_after` attempts in this call, it returns what it has and leaves the partial file, which
-    a rerun resumes from; `out` is written only when the run is complete."""
+    a rerun resumes from; `out` is written only when the run is complete. `avoid`: prompts of
+    earlier files, which count as duplicates here (PromptFilter)."""
     cfg.check()
     out, t0 = Path(out), time.perf_counter()
     partial = Path(str(out) + ".partial")
     lines = _read_partial(partial, cfg)
     done = lines[:len(lines) - len(lines) % cfg.batch_size]  # a batch cut short by a kill is sampled again
-    filt = PromptFilter(cfg)
+    avoid = list(avoid)
+    filt = PromptFilter(cfg, avoid)
     for a in done:
         filt.add(a["text"], a["tokens"], a["hit_cap"])
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -290,6 +296,7 @@ def synthesize_prompts(target, prefix_ids, decode, cfg: SynthesisConfig, out, dr
     sampler = (f"sample_turns, batches of {cfg.batch_size}" if cfg.batch_size > 1 else
                f"SpeculativeEngine, K = {k}" if engine else "autoregressive_generate")
     doc = {"seed": cfg.seed, "settings": asdict(cfg), "sampler": sampler, "complete": not stopped,
+           "avoided": len(avoid),
            "attempts": attempts,
            "rejected": filt.rejected, "stats": prompt_statistics(filt.kept, filt.kept_tokens), "prompts": filt.kept}
     if not stopped:
