@@ -147,7 +147,9 @@ def cmd_acceptance(args):
     step measured with the engine, c) on the template prompts' held-out tenth."""
     if args.draft_kind == "eagle3" and not args.feature_dir:
         raise ValueError("--draft-kind eagle3 needs --feature-dir, the EAGLE-3-style draft's folder")
-    pair = load_default_pair(args.device)
+    if args.draft and args.draft_kind != "token":
+        raise ValueError(f"--draft is a token draft's folder: it goes with --draft-kind token, not {args.draft_kind}")
+    pair = load_pair(ensure_default_target(), args.draft, args.device) if args.draft else load_default_pair(args.device)
     if args.classic:
         _, held = split_prompts(distill_prompts())
         rep = acceptance_report(pair.target, pair.draft, held[:args.num_prompts or 12],
@@ -337,6 +339,7 @@ def main(argv=None):
                         "read from --feature-dir")
     a.add_argument("--feature-dir", help="the feature draft's folder (feature: default distill-features' "
                                          "output where it exists, else the shipped one; eagle3: required)")
+    a.add_argument("--draft", help="with --draft-kind token: a token draft's folder (default: the shipped draft)")
     a.add_argument("--num-prompts", type=int, help="the first N prompts of each set (default: all; 12 with --classic)")
     a.add_argument("--max-new-tokens", type=int, default=64)
     a.add_argument("--k-max", type=int, default=8, help="tokens per step at K = 1..k-max (default 8)")

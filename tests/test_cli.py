@@ -85,6 +85,11 @@ def test_prompts_avoiding_a_file_that_is_not_a_prompt_file_is_an_error_naming_it
     assert proc.returncode != 0 and "prompt file" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
 
 
+def test_acceptance_with_a_token_drafts_folder_for_another_kind_is_an_error_naming_it():
+    proc = run_cli("acceptance", "--draft-kind", "feature", "--draft", "somewhere")
+    assert proc.returncode != 0 and "--draft" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
 def test_acceptance_with_an_unknown_set_is_a_usage_error_naming_it():
     proc = run_cli("acceptance", "--sets", "held-out,mystery")
     assert proc.returncode == 2 and "--sets" in proc.stderr, proc.stderr
