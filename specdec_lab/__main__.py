@@ -10,6 +10,7 @@ from .api import (SpeculativeEngine, autoregressive_generate, check_dtype, compi
                   load_eagle3_draft, load_feature_draft, load_pair)
 from .bench.main import bench_main
 from .cpu import SelfDraft, best_weights
+from .drafters.eagle3 import is_eagle3_folder
 from .io.assets import ensure_default_target
 from .io.pair import load_model_cached
 from .train.acceptance import acceptance_report, agreement_table, greedy_agreement
@@ -145,8 +146,9 @@ def cmd_acceptance(args):
     """Greedy agreement per drafted position and tokens per step at K = 1..8 on the hand-written
     held-out prompts and the benchmark prompts; --classic: the former report (alpha, tokens per
     step measured with the engine, c) on the template prompts' held-out tenth."""
-    if args.draft_kind == "eagle3" and not args.feature_dir:
-        raise ValueError("--draft-kind eagle3 needs --feature-dir, the EAGLE-3-style draft's folder")
+    if args.draft_kind == "eagle3" and args.feature_dir and not is_eagle3_folder(args.feature_dir):
+        raise ValueError(f"--feature-dir {args.feature_dir} holds no EAGLE-3-style draft (save_eagle3_draft's "
+                         f"config.json); leave it out for the shipped one")
     if args.draft and args.draft_kind != "token":
         raise ValueError(f"--draft is a token draft's folder: it goes with --draft-kind token, not {args.draft_kind}")
     pair = load_pair(ensure_default_target(), args.draft, args.device) if args.draft else load_default_pair(args.device)
@@ -338,7 +340,7 @@ def main(argv=None):
                    help="the default pair's draft, or a feature draft (EAGLE-style; eagle3: EAGLE-3-style) "
                         "read from --feature-dir")
     a.add_argument("--feature-dir", help="the feature draft's folder (feature: default distill-features' "
-                                         "output where it exists, else the shipped one; eagle3: required)")
+                                         "output where it exists, else the shipped one; eagle3: the shipped one)")
     a.add_argument("--draft", help="with --draft-kind token: a token draft's folder (default: the shipped draft)")
     a.add_argument("--num-prompts", type=int, help="the first N prompts of each set (default: all; 12 with --classic)")
     a.add_argument("--max-new-tokens", type=int, default=64)

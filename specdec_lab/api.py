@@ -223,8 +223,9 @@ def load_feature_draft(target, folder=None, accelerate=None):
     return model
 
 
-def load_eagle3_draft(target, folder, accelerate=None):
-    """drafters.load_eagle3_draft, its layer made fast on the CPU like load_feature_draft's."""
+def load_eagle3_draft(target, folder=None, accelerate=None):
+    """drafters.load_eagle3_draft (default: the shipped draft), its layer made fast on the CPU like
+    load_feature_draft's."""
     model = _load_eagle3_draft(target, folder)
     if _check_accelerate(accelerate, target.device):
         accelerate_in_place(model.body, weights="float16")

@@ -123,6 +123,6 @@ def test_acceptance_reports_agreement_by_position_and_tokens_per_step():
     assert "pos 2" in proc.stdout and "K=3" in proc.stdout
 
 
-def test_acceptance_of_an_eagle3_draft_without_its_folder_is_an_error_naming_it():
-    proc = run_cli("acceptance", "--draft-kind", "eagle3")
+def test_acceptance_of_an_eagle3_draft_from_a_folder_without_one_is_an_error_naming_it(tmp_path):
+    proc = run_cli("acceptance", "--draft-kind", "eagle3", "--feature-dir", str(tmp_path))
     assert proc.returncode == 2 and "--feature-dir" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr

@@ -101,15 +101,22 @@ def save_eagle3_draft(model, out_dir, card=None):
     return out
 
 
+def shipped_eagle3_draft_dir() -> Path:
+    """The EAGLE-3-style draft that ships with the package for SmolLM2-135M-Instruct; README.md
+    there is its model card."""
+    return Path(__file__).resolve().parents[1] / "eagle3_draft_smollm2"
+
+
 def is_eagle3_folder(folder) -> bool:
     """Whether `folder` holds a draft save_eagle3_draft wrote."""
     cfg = Path(folder) / "config.json"
     return cfg.exists() and json.loads(cfg.read_text()).get("kind") == KIND
 
 
-def load_eagle3_draft(target, folder):
-    """An Eagle3Draft for `target` from save_eagle3_draft's folder, in the target's dtype."""
-    folder = Path(folder)
+def load_eagle3_draft(target, folder=None):
+    """An Eagle3Draft for `target` from save_eagle3_draft's folder, in the target's dtype (default:
+    the shipped one, for SmolLM2-135M-Instruct)."""
+    folder = Path(folder) if folder is not None else shipped_eagle3_draft_dir()
     cfg = json.loads((folder / "config.json").read_text()) if (folder / "config.json").exists() else {}
     if cfg.get("kind") != KIND:
         raise ValueError(f"no EAGLE-3 draft in {folder} (config.json kind {cfg.get('kind')!r}, want {KIND!r})")

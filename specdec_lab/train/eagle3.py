@@ -341,6 +341,8 @@ def eagle3_card(command, dirs, n_answers, n_tokens, n_held, layers, curve, init,
             f"Data: {n_answers} training answers ({n_tokens} answer tokens) and {n_held} held-out answers "
             f"(every 10th prompt of each source), from {', '.join(d.name for d in dirs)}.\n\n"
             f"Command:\n\n    {command or '(called from Python)'}\n\n"
-            f"Held-out agreement along the stored answers (teacher-forced), by drafted position:\n\n"
-            f"| step | " + " | ".join(f"position {i + 1}" for i in range(depth)) + " |\n"
+            f"Held-out agreement along the stored answers, by depth: the share of answer tokens where the "
+            f"draft's top token is the target's, drafting d tokens ahead of the last true state (the true "
+            f"tokens fed, the draft's own states read d - 1 times), over every held-out position:\n\n"
+            f"| step | " + " | ".join(f"depth {i + 1}" for i in range(depth)) + " |\n"
             "| --- |" + " --- |" * depth + "\n" + rows + "\n")
