@@ -329,6 +329,12 @@ def eagle3_main(budget="full", out_dir=None, work_dir=None, data_dirs=None, prom
     return save_eagle3_draft(model, out, card), curve
 
 
+def _started_from(init) -> str:
+    if init is None:
+        return "from random weights"
+    return f"started from the {'EAGLE-3-style' if is_eagle3_folder(init) else 'feature'} draft in {init}"
+
+
 def eagle3_card(command, dirs, n_answers, n_tokens, n_held, layers, curve, init, lr, unroll, max_tokens):
     """The model card's recipe part: data, settings, command, and the held-out curve by depth."""
     rows = "\n".join(f"| {step} | " + " | ".join(f"{a:.3f}" for a in agree) + " |" for step, agree in curve)
@@ -337,7 +343,7 @@ def eagle3_card(command, dirs, n_answers, n_tokens, n_held, layers, curve, init,
             f"Reads the target's residual stream after layers {', '.join(map(str, layers))} (drafters/eagle3.py), "
             f"trained with train/eagle3.py: token loss from the target's stored top-64, training-time test "
             f"unrolled {unroll} deep, AdamW, peak learning rate {lr:g}, batches of at most {max_tokens} positions, "
-            f"{'started from the feature draft in ' + str(init) if init else 'from random weights'}.\n\n"
+            f"{_started_from(init)}.\n\n"
             f"Data: {n_answers} training answers ({n_tokens} answer tokens) and {n_held} held-out answers "
             f"(every 10th prompt of each source), from {', '.join(d.name for d in dirs)}.\n\n"
             f"Command:\n\n    {command or '(called from Python)'}\n\n"
