@@ -18,7 +18,7 @@ acceptance rate E[min(1, p/q)]; c is the cost of a draft forward relative to a
 target forward.
 """
 from .api import (LookupThenModelDrafter, SpeculativeEngine, autoregressive_generate, compiled_twin,
-                  load_default_pair, load_feature_draft, load_pair, make_drafter)
+                  load_default_pair, load_eagle3_draft, load_feature_draft, load_pair, make_drafter)
 from .core.config import MAX_K, ModelConfig, SamplingConfig
 from .core.engine import GenerationResult
 from .core.kv_cache import KVCache
@@ -26,7 +26,8 @@ from .core.model import Transformer, init_weights
 from .core.records import RunStats, StepRecord
 from .core.verify import verify, verify_reference
 from .cpu import SelfDraft, accelerate
-from .drafters import FeatureDraft, FeatureDrafter, ModelDrafter, NGramDrafter
+from .drafters import Eagle3Draft, FeatureDraft, FeatureDrafter, ModelDrafter, NGramDrafter
+from .drafters.eagle3 import shipped_eagle3_draft_dir
 from .drafters.feature import default_feature_draft_dir, shipped_feature_draft_dir
 from .io.pair import ModelPair, default_draft_dir, tiny_model
 
@@ -36,5 +37,5 @@ __all__ = [
     "ModelPair", "default_draft_dir", "load_default_pair", "load_pair", "tiny_model", "verify",
     "verify_reference", "ModelDrafter", "NGramDrafter", "LookupThenModelDrafter", "make_drafter",
     "FeatureDraft", "FeatureDrafter", "default_feature_draft_dir", "load_feature_draft", "shipped_feature_draft_dir",
-    "SelfDraft", "accelerate", "compiled_twin",
+    "Eagle3Draft", "load_eagle3_draft", "shipped_eagle3_draft_dir", "SelfDraft", "accelerate", "compiled_twin",
 ]

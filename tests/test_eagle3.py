@@ -287,6 +287,17 @@ def test_the_recipe_answers_a_prompt_file_trains_and_writes_its_card_and_a_rerun
     assert again == curve and shards[0].stat().st_mtime == stamp
 
 
+@pytest.mark.slow
+def test_the_shipped_draft_loads_by_default_and_keeps_greedy_decoding_the_targets(default_target):
+    draft = sl.load_eagle3_draft(default_target)
+    assert draft.hidden_layers == (1, 14, 26) and sl.shipped_eagle3_draft_dir().name == "eagle3_draft_smollm2"
+    prompt = "Write a short note to a neighbour about a parcel."
+    base = sl.autoregressive_generate(default_target, prompt, max_new_tokens=24)
+    res = sl.SpeculativeEngine(default_target, sl.LookupThenModelDrafter(draft, 512), k=4).generate(
+        prompt, max_new_tokens=24)
+    assert res.tokens == base.tokens and res.stats.mean_tokens_per_step > 1.2, res.stats
+
+
 # torch.compile on the CPU (inductor, C++): about ten seconds a graph.
 @pytest.mark.slow
 def test_a_compiled_target_hands_out_the_same_layer_states(target, draft):
