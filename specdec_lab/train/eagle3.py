@@ -26,24 +26,24 @@ whose token is an answer token. No loss pulls h towards a target state. `unroll_
 computes one drafted chain the way the drafter does, entry by entry through a KVCache, and the
 tests check that the passes agree with it.
 """
-import json
 import math
 import time
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
 from tqdm.auto import tqdm
 
 from ..core.config import cache_dir
 from ..core.kv_cache import KVCache
 from ..drafters.eagle3 import (Eagle3Draft, default_hidden_layers, is_eagle3_folder, load_eagle3_draft,
                                save_eagle3_draft)
+from ..drafters.feature import load_feature_draft
 from ..io.assets import ensure_default_target
 from ..io.pair import default_draft_dir, vocab_subset
 from ..io.weights import load_model
 from .data import generate_data, make_batches
-from .feature import collate_entries, load_feature_shards
+from .feature import collate_entries, feature_sets, load_feature_shards
+from .magpie import load_prompt_file
 from .prompts import is_held_out
 
 
@@ -174,18 +174,11 @@ def init_from_feature_draft(model: Eagle3Draft, target, folder):
     head: its layer, input projection and norms are copied, and the fusion starts as the final
     norm's scale on the highest layer's normalised states (zero on the others), so that g starts
     near the final state f that the feature draft was trained to read."""
-    folder = Path(folder)
-    if not (folder / "config.json").exists():
-        raise ValueError(f"no feature draft in {folder}: `python -m specdec_lab distill-features` makes one")
-    cfg = json.loads((folder / "config.json").read_text())
-    if cfg.get("n_layers") != model.body.cfg.n_layers or cfg.get("vocab_ids") != model.body.head.ids.tolist():
+    feature = load_feature_draft(target, folder)
+    if feature.cfg.n_layers != model.body.cfg.n_layers or not torch.equal(feature.body.head.ids, model.body.head.ids):
         raise ValueError(f"the feature draft in {folder} has another depth or another token subset in its head "
                          f"than this draft: it cannot start it")
-    weights = {k: v.to(model.dtype) for k, v in load_file(str(folder / "model.safetensors")).items()}
-    missing, unexpected = model.load_state_dict(weights, strict=False)
-    missing = [k for k in missing if not k.startswith(("body.head.", "fuse."))]
-    if missing or unexpected:
-        raise ValueError(f"{folder}: missing {missing}, unexpected {unexpected}")
+    model.load_state_dict(feature.state_dict(), strict=False)  # all but the fusion, which it lacks
     n, dim = len(model.hidden_layers), model.state_width
     gamma = target.norm.weight.detach().to(model.fuse.weight.dtype)
     with torch.no_grad():
@@ -199,8 +192,9 @@ def train_eagle3_draft(model: Eagle3Draft, train, held=(), steps=600, lr=2e-3, m
     """AdamW with warm-up and cosine decay over `steps`. Returns (model, history, curve): history a
     list of (step, [training loss per pass]), curve a list of (step, [held-out agreement per pass]).
     `train` is a list of load_feature_shards examples (with the draft's layers' states) or a
-    function returning the current list (called at every epoch). `work_dir`: ckpt.pt there at every evaluation, and a rerun resumes from it.
-    `save_to`: the draft is saved there whenever held-out agreement at depth 1 is the best so far."""
+    function returning the current list (called at every epoch). `work_dir`: ckpt.pt there at
+    every evaluation, and a rerun resumes from it. `save_to`: the draft is saved there whenever
+    held-out agreement at depth 1 is the best so far."""
     check_unroll(unroll)
     subset_pos = subset_positions(model)
     g = torch.Generator().manual_seed(seed)
@@ -265,8 +259,6 @@ EAGLE3_BUDGETS = {
 def eagle3_sources(prompt_files, prompts_per_set=None):
     """(name, prompts) per source: the prompt files (named by their stem), or without any the
     template sets train/feature.py answers."""
-    from .feature import feature_sets
-    from .magpie import load_prompt_file
     if prompt_files:
         sets = [(Path(f).stem, (lambda f=f: load_prompt_file(f))) for f in prompt_files]
     else:
@@ -279,8 +271,8 @@ def eagle3_main(budget="full", out_dir=None, work_dir=None, data_dirs=None, prom
                 data_minutes=None, device="cpu", progress=True, log=print, command=None):
     """`python -m specdec_lab distill-features --recipe eagle3`: the target's answers with its
     layer states (generated into work_dir, resumable; or the shards already under `data_dirs`),
-    then training (resumable from work_dir/train_{out's name}/ckpt.pt), then a folder load_eagle3_draft reads,
-    with a model card that records `command` and the held-out curve. Every 10th prompt of each
+    then training (resumable from work_dir/train_{out's name}/ckpt.pt), then a folder
+    load_eagle3_draft reads, with a model card that records `command` and the held-out curve. Every 10th prompt of each
     source is held out (prompts.is_held_out). `data_dtype`: the target's precision while it
     answers (bfloat16 about doubles the answers per second on the CPU). `init`: a folder to start
     from, an EAGLE-3 draft's (a second phase, with a fresh optimizer and schedule) or a feature
