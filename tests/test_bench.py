@@ -374,6 +374,7 @@ def test_cli_prints_a_table_then_one_json_document_as_the_last_line(stand_in_dra
     lines = proc.stdout.strip().splitlines()
     doc = json.loads(lines[-1])
     assert doc["prompts"] == {"set": "held-out", "count": 1} and "1 held-out prompts" in proc.stdout
+    assert list(doc["results"][0]["systems"]["ar"]["by_kind"]) == ["explain"], "the hand-written prompts' kinds"
     assert len(lines) > 5 and "speculative, K=2" in proc.stdout, "the table should come before the JSON"
     assert list(doc["results"][0]["systems"]) == ["ar", "spec_k2", "spec_adaptive", "spec_stop", "spec_lookup"]
     assert math.isfinite(doc["roofline"]["fraction_of_bandwidth"])

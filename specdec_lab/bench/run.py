@@ -60,7 +60,7 @@ from ..core.sampling import logits_to_probs
 from ..core.text import encode_prompt
 from ..cpu import SelfDraft, best_weights
 from ..train.acceptance import StepCosts, measure_step_costs
-from ..train.handwritten import HANDWRITTEN_PROMPTS
+from ..train.handwritten import HANDWRITTEN_KINDS, HANDWRITTEN_PROMPTS
 from ..train.prompts import BENCH_KINDS, BENCH_PROMPTS
 from .systems import SELF_KS, System, Tally, make_systems
 
@@ -90,6 +90,7 @@ def teacher_forced_alpha(target, draft, runs, temperature) -> tuple[float, int]:
 
 
 PROMPT_SETS = {"bench": BENCH_PROMPTS, "held-out": HANDWRITTEN_PROMPTS}
+PROMPT_KINDS = {"bench": BENCH_KINDS, "held-out": HANDWRITTEN_KINDS}  # the kind of each prompt, for by_kind
 
 
 @dataclass
@@ -360,7 +361,8 @@ def run_bench(target, draft, cfg: BenchConfig, hf_target=None, hf_draft=None, lo
         ar = tallies["ar"]
         alpha, positions = teacher_forced_alpha(target, draft, [(prompt_ids[p], new) for p, new in
                                                                 zip(ar.call_prompts, ar.outputs)], temperature)
-        sy = {s.name: summarize_system(s, tallies[s.name], tallies, alpha, costs, cfg.ks) for s in systems}
+        sy = {s.name: summarize_system(s, tallies[s.name], tallies, alpha, costs, cfg.ks,
+                                       PROMPT_KINDS[cfg.prompt_set]) for s in systems}
         if temperature == 0:  # greedy speculative decoding must reproduce greedy decoding
             for name, t in tallies.items():
                 same = [a == b for a, b in zip(t.outputs, ar.outputs)]
