@@ -321,7 +321,8 @@ def main(argv=None):
                    help="eagle: the final state, feature regression (train/feature.py); eagle3: a low, a middle and "
                         "a high layer, token loss and training-time test (train/eagle3.py)")
     f.add_argument("--data-dir", action="append", help="with --recipe eagle3: train on the target's answers "
-                   "already in this folder (the distill data's shards; repeatable) instead of generating them")
+                   "already in this folder, shards an earlier eagle3 run wrote with the layers' states "
+                   "(repeatable), instead of generating them")
     f.add_argument("--unroll", type=int, default=3, help="with --recipe eagle3: training-time test depth (default 3)")
     f.add_argument("--device", default="cpu", help="with --recipe eagle3: where the target and the draft train")
     f.add_argument("--prompt-file", action="append", help="with --recipe eagle3: answer the prompts of this file "
