@@ -61,11 +61,12 @@ def children_table(parents: torch.Tensor, width: int) -> torch.Tensor:
     """(N, W) int64: row i lists i's children in index (= rank) order, -1 where there are fewer."""
     N = parents.shape[0]
     idx = torch.arange(N, device=parents.device)
-    same = (parents.unsqueeze(0) == parents.unsqueeze(1)) & (idx.unsqueeze(0) < idx.unsqueeze(1))  # (N, N)
-    rank = same.sum(1)  # (N,): earlier siblings
+    key = torch.where(parents >= 0, parents, N)  # (N,): roots go to row N, dropped below
+    sorted_key, order = key.sort(stable=True)  # siblings together, in index order
+    first = torch.searchsorted(sorted_key, sorted_key)  # (N,): where each node's sibling group starts
+    rank = torch.empty_like(idx).scatter_(0, order, idx - first)  # (N,): earlier siblings
     table = torch.full((N + 1, width), -1, dtype=torch.long, device=parents.device)
-    row = torch.where(parents >= 0, parents, N)  # the root's row N is dropped below
-    table[row, rank.clamp_max(width - 1)] = idx  # a node past `width` children would overwrite; callers size W
+    table[key, rank.clamp_max(width - 1)] = idx  # a node past `width` children would overwrite; callers size W
     return table[:N]
 
 

@@ -30,6 +30,7 @@ class Tree:
     depth: torch.Tensor  # (N,) int64: root 0
     max_depth: int  # the deepest level the tree may have (a host int, known before drafting)
     q: torch.Tensor | None = None  # (N, V) the draft's distribution at each node, which its children came from
+    slot: torch.Tensor | None = None  # (N,) the node's slot in the draft's cache, -1 if it was never fed
 
     @property
     def size(self) -> int:
@@ -79,8 +80,7 @@ def ancestors(parents: torch.Tensor, max_depth: int) -> torch.Tensor:
     idx = torch.arange(N, device=parents.device)
     rel = torch.zeros(N, N, dtype=torch.bool, device=parents.device)
     rel[idx, idx] = True
-    has_parent = parents >= 0
-    rel[idx[has_parent], parents[has_parent]] = True  # (N, N): one step up
+    rel[idx, torch.where(parents >= 0, parents, idx)] = True  # (N, N): one step up (a root: itself)
     span = 1
     while span < max_depth:  # a host int: log2(max_depth) products, no sync
         rel = (rel.float() @ rel.float()) > 0  # (N, N): up to 2 * span steps
