@@ -1,0 +1,32 @@
+"""TreeEngine on the default pair: greedy trees give the target's own greedy output (float32)."""
+import pytest
+
+import specdec_lab as sl
+from specdec_lab.tree.draft import DynamicTree
+from specdec_lab.tree.engine import TreeEngine
+
+pytestmark = pytest.mark.slow
+
+PROMPTS = ["Why is the sky blue?", "Write a Python function that adds two numbers.",
+           "Name three rivers in Africa and one fact about each."]
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return sl.load_default_pair()
+
+
+@pytest.fixture(scope="module")
+def baselines(pair):
+    return {p: sl.autoregressive_generate(pair.target, p, max_new_tokens=32).tokens for p in PROMPTS}
+
+
+@pytest.mark.parametrize("tree", [(4, 2, 1), DynamicTree(4, 4, 12)], ids=str)
+def test_greedy_trees_equal_autoregressive_on_the_default_pair(pair, baselines, tree):
+    engine = TreeEngine(pair.target, pair.draft, tree=tree)
+    accepted = 0
+    for p in PROMPTS:
+        res = engine.generate(p, max_new_tokens=32)
+        assert res.tokens == baselines[p], f"{tree}: diverged from greedy decoding on {p!r}"
+        accepted += res.stats.accepted
+    assert accepted > len(PROMPTS) * 5, "the shipped draft should have had some paths accepted"
