@@ -24,12 +24,15 @@ import time
 import torch
 
 from ..core.config import SamplingConfig
-from ..core.engine import (GenerationResult, check_capacity, check_generate_args, check_seed, check_token_ids)
+from ..core.engine import (Engine, GenerationResult, check_capacity, check_generate_args, check_seed,
+                           check_token_ids)
 from ..core.kv_cache import KVCache
 from ..core.model import Transformer
 from ..core.records import RunStats, StepRecord
 from ..core.sampling import logits_to_probs, make_generator
 from ..core.text import encode_prompt
+from ..drafters.model import ModelDrafter
+from .auto import choose
 from .compact import compact
 from .draft import DynamicTree, TreeDrafter
 from .rules import RULES, tree_draws, verify_tree
@@ -37,13 +40,14 @@ from .structure import check_tree_shape, positions, tree_mask, tree_size
 
 
 def check_tree_option(tree):
-    """A static shape (a tuple of branching factors) or a DynamicTree."""
+    """A static shape (a tuple of branching factors) or a DynamicTree ("auto" is resolved before this)."""
     if isinstance(tree, DynamicTree):
         return tree
     if isinstance(tree, tuple):
         check_tree_shape(tree)
         return tree
-    raise ValueError(f"tree must be a tuple of branching factors such as (4, 2, 1) or a DynamicTree, got {tree!r}")
+    raise ValueError(f"tree must be a tuple of branching factors such as (4, 2, 1), a DynamicTree or 'auto', "
+                     f"got {tree!r}")
 
 
 def nodes_of(tree) -> int:
@@ -55,11 +59,15 @@ class TreeEngine:
     """Speculative decoding over token trees with a draft model.
 
     engine = TreeEngine(target, draft, tree=(4, 2, 1)); engine.generate(prompt, max_new_tokens=64)
-    `tree`: a static shape or a DynamicTree(depth, top_k, budget). `rule` (when sampling): None picks
-    "sampled" for a static tree and "deterministic" for a dynamic one; "typical" is Medusa's lossy rule.
+    `tree`: a static shape, a DynamicTree(depth, top_k, budget), or "auto": measure the draft's acceptance
+    by rank on `auto_prompts` at `auto_temperature` and both models' costs by row count here, and run the
+    shape of the most tokens per second predicted (auto.py), or the chain engine where no tree pays;
+    `self.plan` holds the choice. `rule` (when sampling): None picks "sampled" for a static tree and
+    "deterministic" for a dynamic or automatic one; "typical" is Medusa's lossy rule.
     """
 
-    def __init__(self, target, draft, tree=(4, 2, 1), rule=None, max_seq_len=2048, tokenizer=None):
+    def __init__(self, target, draft, tree=(4, 2, 1), rule=None, max_seq_len=2048, tokenizer=None,
+                 auto_prompts=None, auto_temperature=0.0, auto_max_nodes=32):
         for name, m in (("target", target), ("draft", draft)):
             if not isinstance(m, Transformer):
                 raise TypeError(f"{name} must be a specdec_lab Transformer, got {type(m).__name__}")
@@ -68,6 +76,14 @@ class TreeEngine:
                              f"({target.cfg.vocab_size}); the draft must share the target's tokenizer")
         if isinstance(max_seq_len, bool) or not isinstance(max_seq_len, int) or max_seq_len < 2:
             raise ValueError(f"max_seq_len must be an int >= 2, got {max_seq_len!r}")
+        self.tokenizer = tokenizer or getattr(target, "tokenizer", None)
+        self.plan, self.chain = None, None
+        if tree == "auto":
+            if not auto_prompts or isinstance(auto_prompts, str):
+                raise ValueError(f"tree='auto' needs auto_prompts, a non-empty list of prompts, got {auto_prompts!r}")
+            self.plan = choose(target, draft, auto_prompts, auto_temperature, max_nodes=auto_max_nodes,
+                               tokenizer=self.tokenizer)[0]
+            tree, rule = self.plan.shape, rule or "deterministic"  # the acceptance measured is the top-b rule's
         self.tree = check_tree_option(tree)
         self.rule = self._check_rule(rule, self.tree)
         capacity = min(max_seq_len, target.cfg.max_seq_len)
@@ -75,7 +91,9 @@ class TreeEngine:
         self.cache = KVCache.for_model(target.cfg, capacity, dtype=target.dtype, device=target.device)
         self.drafter = TreeDrafter(draft, capacity)
         self.max_seq_len = capacity
-        self.tokenizer = tokenizer or getattr(target, "tokenizer", None)
+        if self.plan is not None and self.plan.chain:  # no tree pays here: the chain engine, fused verification
+            self.chain = Engine(target, ModelDrafter(draft, capacity), k=len(self.plan.shape), cache=self.cache,
+                                tokenizer=self.tokenizer)
 
     @staticmethod
     def _check_rule(rule, tree):
@@ -91,6 +109,8 @@ class TreeEngine:
     @torch.inference_mode()
     def generate(self, prompt, max_new_tokens=128, temperature=0.0, top_p=1.0, seed=None, top_k=0,
                  on_step=None) -> GenerationResult:
+        if self.chain is not None:
+            return self.chain.generate(prompt, max_new_tokens, temperature, top_p, seed, top_k, on_step=on_step)
         ids = encode_prompt(self.tokenizer, prompt)
         check_generate_args(max_new_tokens, temperature, top_p, top_k)
         check_seed(seed)
