@@ -21,9 +21,10 @@ def baselines(pair):
     return {p: sl.autoregressive_generate(pair.target, p, max_new_tokens=32).tokens for p in PROMPTS}
 
 
-@pytest.mark.parametrize("tree", [(4, 2, 1), DynamicTree(4, 4, 12)], ids=str)
-def test_greedy_trees_equal_autoregressive_on_the_default_pair(pair, baselines, tree):
-    engine = TreeEngine(pair.target, pair.draft, tree=tree)
+@pytest.mark.parametrize("tree,cache", [((4, 2, 1), "contiguous"), (DynamicTree(4, 4, 12), "contiguous"),
+                                        ((3, 2, 1), "paged")], ids=str)
+def test_greedy_trees_equal_autoregressive_on_the_default_pair(pair, baselines, tree, cache):
+    engine = TreeEngine(pair.target, pair.draft, tree=tree, cache=cache)
     accepted = 0
     for p in PROMPTS:
         res = engine.generate(p, max_new_tokens=32)

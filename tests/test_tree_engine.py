@@ -29,9 +29,10 @@ def draft(target):
     return d
 
 
+@pytest.mark.parametrize("cache", ["contiguous", "paged"])
 @pytest.mark.parametrize("tree", TREES, ids=str)
-def test_greedy_tree_output_equals_autoregressive(target, draft, tree):
-    engine = TreeEngine(target, draft, tree=tree)
+def test_greedy_tree_output_equals_autoregressive(target, draft, tree, cache):
+    engine = TreeEngine(target, draft, tree=tree, cache=cache, block_size=4)
     accepted = 0
     for prompt in PROMPTS:
         base = sl.autoregressive_generate(target, prompt, max_new_tokens=30).tokens
@@ -85,22 +86,31 @@ def test_compact_equals_its_reference():
     assert torch.equal(a.k, b.k) and torch.equal(a.v, b.v) and a.length == b.length == 8
 
 
+def keys_values(cache):
+    """A cache's committed keys and values, (L, Hkv, length, D) each, contiguous or paged."""
+    if hasattr(cache, "paged"):
+        return (torch.stack([cache.keys(i)[0] for i in range(cache.n_layers)]),
+                torch.stack([cache.values(i)[0] for i in range(cache.n_layers)]))
+    return cache.k[:, 0, :, :cache.length], cache.v[:, 0, :, :cache.length]
+
+
+@pytest.mark.parametrize("cache", ["contiguous", "paged"])
 @pytest.mark.parametrize("tree", [(4, 2, 1), DynamicTree(3, 3, 8)], ids=str)
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_after_compaction_the_caches_hold_what_a_plain_forward_over_the_text_holds(target, draft, tree, temperature):
-    engine = TreeEngine(target, draft, tree=tree)
+def test_after_compaction_the_caches_hold_what_a_plain_forward_over_the_text_holds(target, draft, tree, temperature,
+                                                                                    cache):
+    engine = TreeEngine(target, draft, tree=tree, cache=cache, block_size=4)
     checked = []
 
     def check(rec, out):
         text = [1, 2, 3] + out
         assert engine.cache.length == len(text) - 1, "the target holds every committed token but the last (c)"
         assert engine.drafter.cache.length + len(engine.drafter.pending) == len(text)
-        for model, cache in ((target, engine.cache), (draft, engine.drafter.cache)):
-            n = cache.length
+        for model, kv in ((target, engine.cache), (draft, engine.drafter.cache)):
             fresh = KVCache.for_model(model.cfg, 64)
-            model(torch.tensor([text[:n]]), cache=fresh)
-            torch.testing.assert_close(cache.k[:, :, :, :n], fresh.k[:, :, :, :n], atol=1e-4, rtol=1e-4)
-            torch.testing.assert_close(cache.v[:, :, :, :n], fresh.v[:, :, :, :n], atol=1e-4, rtol=1e-4)
+            model(torch.tensor([text[:kv.length]]), cache=fresh)
+            for got, want in zip(keys_values(kv), keys_values(fresh)):
+                torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
         checked.append(rec.num_accepted)
 
     engine.generate([1, 2, 3], max_new_tokens=60, temperature=temperature, seed=0,
@@ -108,10 +118,11 @@ def test_after_compaction_the_caches_hold_what_a_plain_forward_over_the_text_hol
     assert len(checked) >= 5 and max(checked) >= (2 if temperature == 0 else 1), f"accepted per step: {checked}"
 
 
+@pytest.mark.parametrize("cache", ["contiguous", "paged"])
 @pytest.mark.parametrize("tree", [(3, 2), DynamicTree(3, 2, 5)], ids=str)
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_a_step_reads_the_device_once_counted_from_outside(target, draft, tree, temperature):
-    engine = TreeEngine(target, draft, tree=tree)
+def test_a_step_reads_the_device_once_counted_from_outside(target, draft, tree, temperature, cache):
+    engine = TreeEngine(target, draft, tree=tree, cache=cache, block_size=4)
     seen = []
     with count_host_syncs() as syncs:
         res = engine.generate([1, 2, 3], max_new_tokens=30, temperature=temperature, seed=0,
@@ -166,6 +177,8 @@ def test_typical_acceptance_through_the_engine_is_not_distributed_as_the_target(
     (dict(tree=DynamicTree(2, 2, 4), rule="sampled"), "static tree"),
     (dict(rule="greedy"), "rule must be"),
     (dict(max_seq_len=1), "max_seq_len"),
+    (dict(cache="ring"), "cache must be"),
+    (dict(cache="paged", block_size=0), "block_size"),
 ])
 def test_bad_options_are_refused_with_their_value(target, draft, kwargs, match):
     with pytest.raises(ValueError, match=match):

@@ -7,6 +7,10 @@ committed prefix and drops the rest; the cache's length then says where the sequ
 as after a chain step's rollback. The source slots are a device tensor: nothing is read
 back to the host, and the number of positions (a host int) comes from the step's one read.
 
+A paged cache (paged/cache.py) keeps the same positions in blocks; `compact` moves the rows that
+hold them, through the cache's own device index of each position's row (`_rows`, which it
+extends as blocks are added), and the rollback frees the blocks past the new length.
+
 `compact` gathers every layer's rows at once (index_select makes a copy, so a source slot
 overwritten by an earlier destination is read before it is written); `compact_reference`
 moves one position at a time, in increasing order, which is safe for the same reason a
@@ -16,10 +20,15 @@ import torch
 
 
 def compact(cache, src, start: int):
-    """Move positions src (n,) (device int64, increasing) of the contiguous cache (k, v: (L, B, Hkv, S, D))
-    to [start, start + n), and make start + n the cache's length."""
+    """Move positions src (n,) (device int64, increasing) of a contiguous cache (k, v: (L, B, Hkv, S, D))
+    or a paged sequence to [start, start + n), and make start + n the cache's length."""
     n = src.shape[0]
-    if n:
+    if n and hasattr(cache, "paged"):  # a PagedSequenceCache: rows of (L, N*Hkv*P, D) through its index
+        rows = cache._rows  # (Hkv, S): the row of each position, on the device; no public name for it yet
+        src_rows, dst_rows = rows.index_select(1, src).reshape(-1), rows[:, start:start + n].reshape(-1)
+        for buf in (cache.paged.k_rows, cache.paged.v_rows):
+            buf.index_copy_(1, dst_rows, buf.index_select(1, src_rows))  # (L, Hkv*n, D)
+    elif n:
         for buf in (cache.k, cache.v):
             buf[:, :, :, start:start + n] = buf.index_select(3, src)  # (L, B, Hkv, n, D)
     cache.rollback(start + n)

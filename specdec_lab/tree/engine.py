@@ -32,6 +32,7 @@ from ..core.records import RunStats, StepRecord
 from ..core.sampling import logits_to_probs, make_generator
 from ..core.text import encode_prompt
 from ..drafters.model import ModelDrafter
+from ..paged import PagedSequenceCache
 from .auto import choose
 from .compact import compact
 from .draft import DynamicTree, TreeDrafter
@@ -48,6 +49,17 @@ def check_tree_option(tree):
         return tree
     raise ValueError(f"tree must be a tuple of branching factors such as (4, 2, 1), a DynamicTree or 'auto', "
                      f"got {tree!r}")
+
+
+def cache_factory(kind, block_size):
+    """(cfg, capacity, dtype=, device=) -> an empty contiguous or paged cache (as api.cache_factory)."""
+    if kind not in ("contiguous", "paged"):
+        raise ValueError(f"cache must be 'contiguous' or 'paged', got {kind!r}")
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+        raise ValueError(f"block_size must be an int >= 1, got {block_size!r}")
+    if kind == "contiguous":
+        return KVCache.for_model
+    return lambda cfg, cap, **kw: PagedSequenceCache.for_model(cfg, cap, block_size=block_size, **kw)
 
 
 def nodes_of(tree) -> int:
@@ -67,7 +79,7 @@ class TreeEngine:
     """
 
     def __init__(self, target, draft, tree=(4, 2, 1), rule=None, max_seq_len=2048, tokenizer=None,
-                 auto_prompts=None, auto_temperature=0.0, auto_max_nodes=32):
+                 auto_prompts=None, auto_temperature=0.0, auto_max_nodes=32, cache="contiguous", block_size=16):
         for name, m in (("target", target), ("draft", draft)):
             if not isinstance(m, Transformer):
                 raise TypeError(f"{name} must be a specdec_lab Transformer, got {type(m).__name__}")
@@ -87,13 +99,14 @@ class TreeEngine:
         self.tree = check_tree_option(tree)
         self.rule = self._check_rule(rule, self.tree)
         capacity = min(max_seq_len, target.cfg.max_seq_len)
+        factory = cache_factory(cache, block_size)
         self.target = target
-        self.cache = KVCache.for_model(target.cfg, capacity, dtype=target.dtype, device=target.device)
-        self.drafter = TreeDrafter(draft, capacity)
+        self.cache = factory(target.cfg, capacity, dtype=target.dtype, device=target.device)
+        self.drafter = TreeDrafter(draft, capacity, factory)
         self.max_seq_len = capacity
         if self.plan is not None and self.plan.chain:  # no tree pays here: the chain engine, fused verification
-            self.chain = Engine(target, ModelDrafter(draft, capacity), k=len(self.plan.shape), cache=self.cache,
-                                tokenizer=self.tokenizer)
+            self.chain = Engine(target, ModelDrafter(draft, capacity, factory), k=len(self.plan.shape),
+                                cache=self.cache, tokenizer=self.tokenizer)
 
     @staticmethod
     def _check_rule(rule, tree):
