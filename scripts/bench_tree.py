@@ -14,10 +14,12 @@ import argparse
 import json
 import random
 import time
+from pathlib import Path
 
 import torch
 
 import specdec_lab as sl
+from specdec_lab.lab.static_figures import png
 from specdec_lab.train.handwritten import HANDWRITTEN_PROMPTS
 from specdec_lab.tree.draft import DynamicTree
 from specdec_lab.tree.engine import TreeEngine
@@ -37,12 +39,37 @@ def bootstrap_ratio(a, b, reps=2000, seed=0):
     return sum(a) / sum(b), ratios[int(0.025 * reps)], ratios[int(0.975 * reps)]
 
 
+def figure(doc, names):
+    """Tokens per step and tokens/s against the chain K = 4 by system and temperature, and the forward
+    costs by row count that tree='auto' measured."""
+    from plotly.subplots import make_subplots
+    import plotly.graph_objects as go
+    fig = make_subplots(rows=1, cols=3, subplot_titles=("tokens per step", "tokens/s vs chain K=4",
+                                                        "forward cost by rows (ms)"))
+    for (t, result), colour in zip(doc["results"].items(), ("#636efa", "#00cc96", "#ab63fa")):
+        table = result["table"]
+        fig.add_trace(go.Bar(x=names, y=[table[n]["tokens_per_step"] for n in names], name=f"temp. {t}",
+                             marker_color=colour), 1, 1)
+        lo = [table[n]["ratio_to_chain"] - table[n]["ratio_interval"][0] for n in names]
+        hi = [table[n]["ratio_interval"][1] - table[n]["ratio_to_chain"] for n in names]
+        fig.add_trace(go.Bar(x=names, y=[table[n]["ratio_to_chain"] for n in names], name=f"temp. {t}",
+                             marker_color=colour, error_y=dict(type="data", array=hi, arrayminus=lo),
+                             showlegend=False), 1, 2)
+    costs = doc["auto"]["costs"]
+    for key, label in (("target_chain", "target, chain mask (fused)"), ("target_tree", "target, tree mask (eager)")):
+        fig.add_trace(go.Scatter(x=costs["rows"], y=[1e3 * s for s in costs[key]], name=label, mode="lines+markers"),
+                      1, 3)
+    fig.update_layout(title="Token trees against chains on this CPU (docs/bench_tree.json)", height=450, width=1300)
+    return fig
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 0.7])
-    ap.add_argument("--out", default="docs/bench_tree.json")
+    ap.add_argument("--out", default="docs/bench_tree.json", help="writes OUT and, with --png, OUT's .png")
+    ap.add_argument("--png", action="store_true", help="draw the figure (needs Chromium, as the chapters do)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     pair = sl.load_default_pair()
@@ -97,10 +124,13 @@ def main():
     plan = auto.plan
     doc = {"machine": "this CPU, one torch thread", "prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
            "auto": {"shape": list(plan.shape), "chain": plan.chain, "expected_tokens_per_step": plan.expected_tokens,
-                    "predicted_seconds_per_step": plan.seconds, "measure_seconds": auto_seconds},
+                    "predicted_seconds_per_step": plan.seconds, "measure_seconds": auto_seconds,
+                    "acceptance_by_rank": auto.acceptance, "costs": vars(auto.costs)},
            "results": results}
     with open(args.out, "w") as f:
         json.dump(doc, f, indent=1)
+    if args.png:
+        Path(args.out).with_suffix(".png").write_bytes(png(figure(doc, names), width=1300))
     print(json.dumps({k: v for k, v in doc.items() if k != "results"}
                      | {"tables": {t: r["table"] for t, r in results.items()}}))
 

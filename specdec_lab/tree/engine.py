@@ -74,7 +74,7 @@ class TreeEngine:
     `tree`: a static shape, a DynamicTree(depth, top_k, budget), or "auto": measure the draft's acceptance
     by rank on `auto_prompts` at `auto_temperature` and both models' costs by row count here, and run the
     shape of the most tokens per second predicted (auto.py), or the chain engine where no tree pays;
-    `self.plan` holds the choice. `rule` (when sampling): None picks "sampled" for a static tree and
+    `self.plan` holds the choice, `self.acceptance` and `self.costs` what it was made from. `rule` (when sampling): None picks "sampled" for a static tree and
     "deterministic" for a dynamic or automatic one; "typical" is Medusa's lossy rule.
     """
 
@@ -89,12 +89,12 @@ class TreeEngine:
         if isinstance(max_seq_len, bool) or not isinstance(max_seq_len, int) or max_seq_len < 2:
             raise ValueError(f"max_seq_len must be an int >= 2, got {max_seq_len!r}")
         self.tokenizer = tokenizer or getattr(target, "tokenizer", None)
-        self.plan, self.chain = None, None
+        self.plan, self.acceptance, self.costs, self.chain = None, None, None, None
         if tree == "auto":
             if not auto_prompts or isinstance(auto_prompts, str):
                 raise ValueError(f"tree='auto' needs auto_prompts, a non-empty list of prompts, got {auto_prompts!r}")
-            self.plan = choose(target, draft, auto_prompts, auto_temperature, max_nodes=auto_max_nodes,
-                               tokenizer=self.tokenizer)[0]
+            self.plan, self.acceptance, self.costs = choose(target, draft, auto_prompts, auto_temperature,
+                                                            max_nodes=auto_max_nodes, tokenizer=self.tokenizer)
             tree, rule = self.plan.shape, rule or "deterministic"  # the acceptance measured is the top-b rule's
         self.tree = check_tree_option(tree)
         self.rule = self._check_rule(rule, self.tree)
