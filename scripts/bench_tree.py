@@ -4,7 +4,8 @@
 
 Systems, all with the shipped draft and one torch thread: the chain engine (K=2, 3 and 4, the CPU's
 fused verification), the same chain through the tree engine ((1, 1, 1, 1): the tree's masked, eager
-verification), a static tree (4, 2, 1), a dynamic tree (EAGLE-2, depth 4, top 4, 12 nodes), and
+verification), a static tree (4, 2, 1) (top children, and at 0.7 also children drawn without replacement with
+Sequoia's rule), a dynamic tree (EAGLE-2, depth 4, top 4, 12 nodes), and
 tree="auto" (its shape chosen at the start from acceptance and costs measured here). Each runs every
 hand-written held-out prompt at temperature 0 and 0.7, prompt by prompt in rotating order after a
 warm-up. Reported per system: tokens per step, tokens/s over whole calls, and the ratio of tokens/s
@@ -48,11 +49,12 @@ def figure(doc, names):
                                                         "forward cost by rows (ms)"))
     for (t, result), colour in zip(doc["results"].items(), ("#636efa", "#00cc96", "#ab63fa")):
         table = result["table"]
-        fig.add_trace(go.Bar(x=names, y=[table[n]["tokens_per_step"] for n in names], name=f"temp. {t}",
+        names_t = [n for n in names if n in table]
+        fig.add_trace(go.Bar(x=names_t, y=[table[n]["tokens_per_step"] for n in names_t], name=f"temp. {t}",
                              marker_color=colour), 1, 1)
-        lo = [table[n]["ratio_to_chain"] - table[n]["ratio_interval"][0] for n in names]
-        hi = [table[n]["ratio_interval"][1] - table[n]["ratio_to_chain"] for n in names]
-        fig.add_trace(go.Bar(x=names, y=[table[n]["ratio_to_chain"] for n in names], name=f"temp. {t}",
+        lo = [table[n]["ratio_to_chain"] - table[n]["ratio_interval"][0] for n in names_t]
+        hi = [table[n]["ratio_interval"][1] - table[n]["ratio_to_chain"] for n in names_t]
+        fig.add_trace(go.Bar(x=names_t, y=[table[n]["ratio_to_chain"] for n in names_t], name=f"temp. {t}",
                              marker_color=colour, error_y=dict(type="data", array=hi, arrayminus=lo),
                              showlegend=False), 1, 2)
     costs = doc["auto"]["costs"]
@@ -83,14 +85,16 @@ def main():
         "chain K=3": sl.SpeculativeEngine(pair.target, pair.draft, k=3),
         "chain (1,1,1,1) via tree": TreeEngine(pair.target, pair.draft, tree=(1, 1, 1, 1)),
         "static (4,2,1)": TreeEngine(pair.target, pair.draft, tree=(4, 2, 1), rule="deterministic"),
+        "static (4,2,1) Sequoia": TreeEngine(pair.target, pair.draft, tree=(4, 2, 1), rule="sampled"),
         "dynamic d4 k4 n12": TreeEngine(pair.target, pair.draft, tree=DynamicTree(4, 4, 12)),
         "auto": auto,
     }
-    names = list(systems)
+    sampling_only = {"static (4,2,1) Sequoia"}  # at temperature 0 every rule is the greedy one
     for engine in systems.values():  # warm-up
         engine.generate("Hello!", max_new_tokens=8)
     results = {}
     for temperature in args.temperatures:
+        names = [n for n in systems if temperature > 0 or n not in sampling_only]
         runs = {name: [] for name in names}
         for i, prompt in enumerate(prompts):
             order = names[i % len(names):] + names[:i % len(names)]  # rotate who goes first
@@ -121,6 +125,7 @@ def main():
             row = table[name]
             print(f"{name:28s} {row['tokens_per_step']:8.2f} {row['tokens_per_second']:7.2f} "
                   f"{row['ratio_to_chain']:9.3f}  [{row['ratio_interval'][0]:.3f}, {row['ratio_interval'][1]:.3f}]")
+    names = list(systems)
     plan = auto.plan
     doc = {"machine": "this CPU, one torch thread", "prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
            "auto": {"shape": list(plan.shape), "chain": plan.chain, "expected_tokens_per_step": plan.expected_tokens,
