@@ -17,17 +17,12 @@ the engine adds what a step added to the step's own one read, so what it reports
 where it happens. A drafter that keeps its tokens on the device, as ModelDrafter does with the
 verdict's device tensors, adds nothing.
 
-`needs_hidden` is a declaration, not a method: a drafter that sets it reads the
-target's final hidden states (an EAGLE-style feature draft), and the engine then
-passes them: (len(prompt) - 1, dim) to prefill, the verification forward's
-(k' + 1, dim) to commit. Otherwise `hidden` is None. `hidden_layers`, a second declaration
-(absent or None for the others), names target layers (i, j, ...) whose residual-stream states
-the drafter reads instead of the final ones (an EAGLE-3-style draft, arXiv 2503.01840): then
-`hidden` is those layers' states concatenated, (rows, len(hidden_layers) * dim).
-
-Drafters live in specdec_lab/drafters/ (a model, prompt lookup, a feature draft)
-and cpu/ (the target read at low precision); api.make_drafter builds the right
-one for what it is given.
+`needs_hidden` declares that the drafter reads the target's final hidden states (an
+EAGLE-style feature draft): the engine passes (len(prompt) - 1, dim) to prefill and the
+verification forward's (k' + 1, dim) to commit, else None. `hidden_layers` (absent or None for
+the others) names target layers whose residual-stream states it reads instead, concatenated
+(an EAGLE-3-style draft, arXiv 2503.01840). Drafters live in drafters/ and cpu/;
+api.make_drafter builds the right one for what it is given.
 """
 from dataclasses import dataclass
 from typing import Protocol
@@ -76,9 +71,8 @@ class Drafter(Protocol):
     def reset(self) -> None: ...  # forget the sequence (prefill does it too)
 
     def queue(self, tokens: torch.Tensor, hidden: torch.Tensor | None = None) -> None:
-        """Committed tokens (n,) on the device that another drafter proposed and the target accepted,
-        with their target states where needs_hidden: fed with the next proposal (prompt lookup's
-        inner drafter is told of steps it did not draft)."""
+        """Committed tokens (n,) that another drafter proposed (and their target states where
+        needs_hidden): fed with the next proposal."""
 
     def prefill(self, prompt_ids: list, hidden: torch.Tensor | None = None) -> None: ...
 

@@ -1,10 +1,7 @@
 """The speculative decoding loop, and the autoregressive baseline it is measured against.
 
-Contract: the engine knows token ids only; a tokenizer, when the target carries
-one (`model.tokenizer`), turns text prompts into ids and ids back into text.
-
-The engine sees its draft only through the drafter protocol (drafter.py);
-api.SpeculativeEngine builds the drafter for a model, a feature draft or a self-draft.
+The engine knows token ids only (a target's `tokenizer`, where it has one, turns text into ids
+and back) and its draft only through the drafter protocol (drafter.py).
 
 One step (docs/design.md), with c the last committed token the target has not yet seen:
   1. the drafter proposes d_1..d_k with their q;

@@ -7,12 +7,9 @@ pass writes its T new positions at [length, length + T) of every layer, then
 beyond it are overwritten by the next write and never read before that, so a
 rollback copies nothing (the gpt-fast design).
 
-Capacity S must leave room for the K+1 verification window beyond the longest
-sequence the engine will commit; `reserve(T)` checks that before anything is
-written, so a failed append changes nothing.
-
-Attention goes through the cache (`attend`): it writes the new positions and reads
-what it holds, so a cache of another layout (paged/, compiled/) plugs in unchanged.
+`reserve(T)` checks the capacity before anything is written (a failed append changes
+nothing). The model attends through the cache (`attend`: write, then read), so a cache of
+another layout (paged/, compiled/) plugs in unchanged.
 """
 import torch
 

@@ -10,12 +10,10 @@ RMSNorm, rotary embeddings (with Llama-3 rope scaling), grouped-query attention
 with an explicit mask, and a SwiGLU MLP. q/k/v and gate/up are fused into one
 matmul each: fewer, larger products, which is what batch-1 decode wants.
 
-How a forward runs is answered in one place, `Transformer.runner`: None runs the
-eager code below; a runner installed from outside may take a forward over and return
-its result, or None to leave it to the eager code. `cpu.accelerate(model)` installs
-the CPU's one-call forward over a few rows (cpu/fused.py); `compiled.use_static_shapes`
-installs fixed shapes and torch.compile (compiled/). `model.forward_kind` names it.
-Keys and values go through the cache (`cache.attend`), whatever its layout.
+Which forward runs is decided in one place, `Transformer.runner` (`forward_kind` names
+it): None runs the eager code below; a runner installed from outside (cpu.accelerate,
+compiled.use_static_shapes) returns a forward's result, or None to leave it to the eager
+code. Keys and values go through the cache (`cache.attend`), whatever its layout.
 """
 import math
 
@@ -23,8 +21,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .config import ModelConfig
 from .attention import grouped_attention
+from .config import ModelConfig
 from .kv_cache import KVCache
 from .masks import verification_mask
 
