@@ -17,16 +17,17 @@ import copy
 import torch
 
 from .compiled import compiled_twin
-from .core.engine import Engine, autoregressive_generate, new_cache  # noqa: F401 (re-exported)
+from .core.engine import Engine, autoregressive_generate  # noqa: F401 (re-exported)
 from .core.model import Transformer
 from .cpu import SelfDraft, SelfDrafter, accelerated
 from .cpu import accelerate as accelerate_in_place
 from .drafters import Eagle3Draft, Eagle3Drafter, FeatureDraft, FeatureDrafter, LookupDrafter, ModelDrafter
 from .drafters.eagle3 import load_eagle3_draft as _load_eagle3_draft
+from .drafters.vocab_subset import VocabSubsetHead, restrict_vocab
 from .drafters.feature import load_feature_draft as _load_feature_draft
 from .io.assets import ensure_default_target
 from .io.pair import (ModelPair, _CACHE, check_device, check_source, default_draft_dir, load_model_cached,
-                      vocab_subset, with_vocab_subset)
+                      vocab_subset)
 from .paged import PagedSequenceCache
 
 CACHES = ("contiguous", "paged")
@@ -93,9 +94,9 @@ class SpeculativeEngine(Engine):
                  verifier="device", tokenizer=None):
         if isinstance(max_seq_len, bool) or not isinstance(max_seq_len, int) or max_seq_len < 2:
             raise ValueError(f"max_seq_len must be an int >= 2, got {max_seq_len!r}")
-        if not (callable(target) and all(hasattr(target, a) for a in ("cfg", "device", "dtype"))):
-            raise TypeError(f"target must be a specdec_lab Transformer (or a model with its cfg, device, dtype "
-                            f"and forward), got {type(target).__name__}")
+        if not (callable(target) and all(hasattr(target, a) for a in ("cfg", "device", "dtype", "new_cache"))):
+            raise TypeError(f"target must be a specdec_lab Transformer (or a model with its cfg, device, dtype, "
+                            f"new_cache and forward), got {type(target).__name__}")
         factory = cache_factory(cache, block_size)
         capacity = min(max_seq_len, target.cfg.max_seq_len)
         if isinstance(draft, SelfDraft) and cache != "contiguous":
@@ -103,7 +104,7 @@ class SpeculativeEngine(Engine):
         if cache != "contiguous" and any(getattr(m, "fixed_shapes", False) for m in (target, draft)):
             raise ValueError(f"cache={cache!r} cannot hold a model with fixed shapes (compiled.use_static_shapes): "
                              f"they need cache='contiguous'")
-        target_cache = new_cache(target, capacity) if factory is None else factory(
+        target_cache = target.new_cache(capacity) if factory is None else factory(
             target.cfg, capacity, dtype=target.dtype, device=target.device)
         drafter = make_drafter(target, draft, capacity, factory, target_cache)
         super().__init__(target, drafter, k=k, cache=target_cache, verifier=verifier, tokenizer=tokenizer)
@@ -146,6 +147,15 @@ def check_dtype(dtype, device) -> torch.dtype:
         raise ValueError(f"dtype must be None (bfloat16 on CUDA, float32 on the CPU), torch.float32, "
                          f"torch.bfloat16 or torch.float16, got {dtype!r}")
     return dtype
+
+
+def with_vocab_subset(model, draft_source):
+    """`model` with its head restricted to draft_source's vocab_subset.json, in place; unchanged
+    when the folder has none or the head is restricted already."""
+    ids = vocab_subset(draft_source)
+    if ids is None or isinstance(model.head, VocabSubsetHead):
+        return model
+    return restrict_vocab(model, ids)
 
 
 def load_pair(target, draft, device="cpu", dtype=None, accelerate=None, vocab_subset_head=True,

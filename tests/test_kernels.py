@@ -167,7 +167,7 @@ def _untied(seed=0, **kw):
 def test_one_token_decoder_matches_the_eager_forward_and_writes_the_same_cache(shape, subset):
     from specdec_lab.core.kv_cache import KVCache
     from specdec_lab.cpu import OneTokenDecoder
-    from specdec_lab.core.model import restrict_vocab
+    from specdec_lab.drafters.vocab_subset import restrict_vocab
     m = _untied(3, **shape)
     if subset:
         restrict_vocab(m, torch.arange(1, m.cfg.vocab_size, 3))
@@ -360,7 +360,8 @@ def test_the_fused_forward_sees_replaced_weights_and_modules(monkeypatch):
     Parameter replaced, a module replaced and a restricted head must each be seen."""
     from torch import nn
     from specdec_lab.core.kv_cache import KVCache
-    from specdec_lab.core.model import Linear, restrict_vocab
+    from specdec_lab.core.model import Linear
+    from specdec_lab.drafters.vocab_subset import restrict_vocab
     m = accelerate(_untied(6, n_layers=2))
     x = torch.tensor([[3, 1, 4]])
 

@@ -71,8 +71,7 @@ class Drafter(Protocol):
     def reset(self) -> None: ...  # forget the sequence (prefill does it too)
 
     def queue(self, tokens: torch.Tensor, hidden: torch.Tensor | None = None) -> None:
-        """Committed tokens (n,) that another drafter proposed (and their target states where
-        needs_hidden): fed with the next proposal."""
+        """Committed tokens (n,) another drafter proposed (and states): fed with the next proposal."""
 
     def prefill(self, prompt_ids: list, hidden: torch.Tensor | None = None) -> None: ...
 

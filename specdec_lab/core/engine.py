@@ -19,7 +19,7 @@ import torch
 
 from .config import MAX_K, SamplingConfig
 from .drafter import Verdict
-from .kv_cache import KVCache, drop_rejected
+from .kv_cache import drop_rejected
 from .records import RunStats, StepRecord
 from .sampling import check_sampling_args, logits_to_probs, make_generator, sample
 from .text import encode_prompt
@@ -63,13 +63,6 @@ def check_token_ids(ids, vocab_size):
         raise ValueError(f"prompt token ids must be in [0, {vocab_size}), got min {min(ids)}, max {max(ids)}")
 
 
-def new_cache(model, capacity):
-    """The model's own kind of cache (Transformer.new_cache), or a KVCache for a model without one."""
-    if hasattr(model, "new_cache"):
-        return model.new_cache(capacity)
-    return KVCache.for_model(model.cfg, capacity, dtype=model.dtype, device=model.device)
-
-
 def _decode(tokenizer, tokens):
     return tokenizer.decode(tokens, skip_special_tokens=True) if tokenizer is not None else None
 
@@ -101,7 +94,7 @@ def autoregressive_generate(model, prompt, max_new_tokens=128, temperature=0.0, 
     check_capacity(len(ids), max_new_tokens, 0, capacity, max_seq_len or model.cfg.max_seq_len)
     device, eos = model.device, model.cfg.eos_token_ids
     g = make_generator(seed, device)
-    cache = cache if cache is not None else new_cache(model, capacity)
+    cache = cache if cache is not None else model.new_cache(capacity)
     cache.reset()
     stats, steps, out = RunStats(), [], []
     t0 = time.perf_counter()
@@ -142,7 +135,7 @@ class Engine:
         if verifier not in ("device", "reference") and not callable(verifier):
             raise ValueError(f"verifier must be 'device', 'reference' or a function like verify, got {verifier!r}")
         self.target, self.drafter, self.k, self.verifier = target, drafter, k, verifier
-        self.cache = cache if cache is not None else new_cache(target, min(2048, target.cfg.max_seq_len))
+        self.cache = cache if cache is not None else target.new_cache(min(2048, target.cfg.max_seq_len))
         self.max_seq_len = min(self.cache.capacity, target.cfg.max_seq_len)
         self.tokenizer = tokenizer or getattr(target, "tokenizer", None)
         self.controller = None

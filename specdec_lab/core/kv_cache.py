@@ -37,10 +37,6 @@ class KVCache:
     def for_model(cls, cfg, capacity, batch_size=1, dtype=torch.float32, device="cpu"):
         return cls(cfg.n_layers, batch_size, cfg.n_kv_heads, capacity, cfg.head_dim, dtype, device)
 
-    @property
-    def n_layers(self) -> int:
-        return self.k.shape[0]
-
     def reserve(self, T: int):
         """Raise before any write if T more positions do not fit."""
         if self.length + T > self.capacity:

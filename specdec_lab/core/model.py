@@ -11,8 +11,8 @@ with an explicit mask, and a SwiGLU MLP. q/k/v and gate/up are fused into one
 matmul each: fewer, larger products, which is what batch-1 decode wants.
 
 Which forward runs is decided in one place, `Transformer.runner` (`forward_kind` names
-it): None runs the eager code below; a runner installed from outside (cpu.accelerate,
-compiled.use_static_shapes) returns a forward's result, or None to leave it to the eager
+it): None runs the eager code below; a runner installed from outside (cpu/ and compiled/
+install theirs) returns a forward's result, or None to leave it to the eager
 code. Keys and values go through the cache (`cache.attend`), whatever its layout.
 """
 import math
@@ -42,47 +42,6 @@ class Linear(nn.Module):
     def forward(self, x):
         y = x @ self.weight
         return y + self.bias if self.bias is not None else y
-
-
-class VocabSubsetHead(nn.Module):
-    """A draft's output head restricted to a subset of the vocabulary (FR-Spec, arXiv 2502.14856):
-    logits for the `ids` columns only, -inf for every other token, so the draft proposes from the
-    subset and gives the rest q = 0. Speculative sampling stays lossless for any q: a token the
-    draft never proposes is reached through the residual max(p - q, 0) = p. The product reads
-    len(ids) columns instead of V; for a small draft the head is the largest single cost."""
-
-    def __init__(self, head: Linear, ids: torch.Tensor):
-        super().__init__()
-        ids = torch.as_tensor(ids, dtype=torch.long, device=head.weight.device)
-        vocab_size = head.weight.shape[1]
-        if ids.dim() != 1 or len(ids) == 0 or ids.unique().numel() != len(ids) \
-                or int(ids.min()) < 0 or int(ids.max()) >= vocab_size:
-            raise ValueError(f"ids must be distinct token ids in [0, {vocab_size}), got {len(ids)} of them")
-        self.vocab_size = vocab_size
-        self.proj = Linear(head.weight.shape[0], len(ids), bias=head.bias is not None)
-        with torch.no_grad():
-            self.proj.weight = nn.Parameter(head.weight.detach()[:, ids].contiguous(), requires_grad=False)
-            if head.bias is not None:
-                self.proj.bias = nn.Parameter(head.bias.detach()[ids].clone(), requires_grad=False)
-        self.register_buffer("ids", ids, persistent=False)
-
-    @property
-    def weight(self):  # Transformer.device and .dtype read the head's weight
-        return self.proj.weight
-
-    def forward(self, x):
-        y = self.proj(x)  # (..., N)
-        return y.new_full(y.shape[:-1] + (self.vocab_size,), float("-inf")).index_copy_(-1, self.ids, y)
-
-
-def restrict_vocab(model, ids):
-    """Give `model` (a draft with untied embeddings) a VocabSubsetHead over `ids`, in place."""
-    if model.embed is None:
-        raise ValueError("restrict_vocab needs untied embeddings: a tied head is also the input embedding")
-    if isinstance(model.head, VocabSubsetHead):
-        raise ValueError("the model's head is already restricted")
-    model.head = VocabSubsetHead(model.head, ids)
-    return model
 
 
 class RMSNorm(nn.Module):
@@ -192,10 +151,9 @@ class Transformer(nn.Module):
         cos, sin = rope_table(cfg)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
-        # The seam (see the module docstring): an object with `name`, logits(tokens, input_pos,
-        # cache, mask, last_only) and hidden(tokens, input_pos, cache, mask, embeds, layers), each
-        # returning what this class returns or None where it does not apply; optionally
-        # new_cache(capacity, batch_size) and `fixed_shapes`.
+        # The seam (module docstring): `name`, logits(tokens, input_pos, cache, mask, last_only) and
+        # hidden(tokens, input_pos, cache, mask, embeds, layers), each returning this class's result
+        # or None; optionally new_cache(capacity, batch_size) and `fixed_shapes`.
         self.runner = None
 
     @property
@@ -205,8 +163,7 @@ class Transformer(nn.Module):
 
     @property
     def fixed_shapes(self) -> bool:
-        """True when the installed runner needs every forward of a generation at one shape (so the
-        engine keeps K to the end of the budget instead of shortening the last steps)."""
+        """The runner needs one shape for every forward (the engine then keeps K to the very end)."""
         return bool(getattr(self.runner, "fixed_shapes", False))
 
     def new_cache(self, capacity, batch_size=1):

@@ -17,7 +17,7 @@ states for every committed token (FeatureDrafter.commit).
 What is stored is the layer, a projection from [embedding, state] to the width, and two
 norms (about 4M parameters). The token embedding and the output head are the target's,
 taken at load; the head is restricted to the draft's frequent-token subset
-(core.model.VocabSubsetHead), as the shipped draft's is.
+(drafters.vocab_subset.VocabSubsetHead), as the shipped draft's is.
 
 One ships for SmolLM2-135M-Instruct (specdec_lab/feature_draft_smollm2/, whose README.md is its
 model card: how it was trained and how it fared); `python -m specdec_lab distill-features` trains
@@ -39,8 +39,9 @@ from safetensors.torch import load_file, save_file
 from ..core.config import cache_dir
 from ..core.drafter import Verdict
 from ..core.kv_cache import drop_rejected
-from ..core.model import Linear, RMSNorm, Transformer, VocabSubsetHead, init_weights
+from ..core.model import Linear, RMSNorm, Transformer, init_weights
 from ..core.sampling import draft_token
+from .vocab_subset import VocabSubsetHead
 
 
 class FeatureDraft(nn.Module):
