@@ -5,7 +5,10 @@ per chapter, so a failure names the chapter:
 
 - cells use the package's public names only, and never assign to its modules or classes;
 - no chapter stores widget state over 100 KB in its metadata;
-- no chapter speaks of documents that are not in the repository;
+- no chapter speaks of documents that are not in the repository, and every repository path it names
+  (specdec_lab/..., docs/..., scripts/..., tests/..., notebooks/...) exists;
+- no chapter shows a private member (`x._name`) in its prose or outputs, and none reads as a work
+  log or a roadmap ("in the time available", "not in this checkout", "once it has run on", ...);
 - every plotly figure has a PNG beside it (viz.show), so the chapter reads where no JavaScript runs;
 - every chapter ends with exercises whose answers are collapsed, and a claims cell with asserts;
 - prose per chapter is counted (a guide of about 6,000 characters; a gate for chapter 10 only);
@@ -30,6 +33,14 @@ PROSE_GATED = ("10_",)  # chapters whose prose must stay within the guide
 # claim about the machine the chapters were written on.
 FOREIGN = re.compile("|".join([r"DESIGN" + r"\.md", "seed" + " article", "no machine" + " here"]))
 PLOTLY = "application/vnd.plotly.v1+json"
+ROOT = Path(__file__).resolve().parents[1]
+# A private member shown to the reader (a printed method body, an attribute in prose): `x._name`.
+PRIVATE_SHOWN = re.compile(r"\b[A-Za-z_]\w*\._[a-z]\w*")
+# A path into the repository: it must name something the repository holds.
+REPO_PATH = re.compile(r"(?<![\w/.-])(?:specdec_lab|docs|scripts|tests|notebooks)/[\w./*-]*[\w*]")
+# A lab log's or a roadmap's phrases: what happened while the work was done, or what is still to come.
+LOG_PROSE = re.compile("|".join([r"in the time" + r" available", r"not in this" + r" checkout", r"once it has" + r" run on",
+                                 r"no GPU" + r" ran this", r"at the time" + r" of writing"]), re.IGNORECASE)
 
 
 def load(path):
@@ -110,6 +121,38 @@ def package_assignments(trees):
     return found
 
 
+def shown_text(nb):
+    """(cell index, text) of what a reader sees: markdown, and every code cell's outputs as text
+    (stream output, plain text, markdown and HTML, not images or figure JSON)."""
+    out = []
+    for i, c in enumerate(nb["cells"]):
+        if c["cell_type"] == "markdown":
+            out.append((i, source(c)))
+        for o in c.get("outputs", []):
+            texts = [o.get("text", "")] + [v for k, v in o.get("data", {}).items()
+                                          if k in ("text/plain", "text/markdown", "text/html")]
+            out += [(i, "".join(t) if isinstance(t, list) else t) for t in texts if t]
+    return out
+
+
+def private_shown(nb):
+    """'cell N: x._name' for every private member a reader is shown, in prose or an output."""
+    return [f"cell {i}: {m.group(0)}" for i, text in shown_text(nb) for m in PRIVATE_SHOWN.finditer(text)]
+
+
+def dangling_paths(nb, root=ROOT):
+    """'cell N: path' for every repository path in a cell (source or output) that names nothing
+    the repository holds (a glob must match something)."""
+    found = []
+    for i, c in enumerate(nb["cells"]):
+        texts = [source(c)] + [text for j, text in shown_text({"cells": [c]}) if c["cell_type"] == "code"]
+        for m in (m for text in texts for m in REPO_PATH.finditer(text)):
+            path = m.group(0).rstrip(".")
+            if not (any(root.glob(path)) if "*" in path else (root / path).exists()):
+                found.append(f"cell {i}: {path}")
+    return sorted(set(found), key=found.index)
+
+
 def prose_chars(nb):
     return sum(len(source(c)) for c in nb["cells"] if c["cell_type"] == "markdown")
 
@@ -156,6 +199,26 @@ def test_no_reference_outside_the_repository(path):
     hits = [f"line {n}: {line.strip()[:80]}" for n, line in enumerate(path.read_text().splitlines(), 1)
             if FOREIGN.search(line)]
     assert not hits, f"{path.name} speaks of what a reader cannot find: {hits}"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=ids)
+def test_no_private_member_is_shown(path):
+    found = private_shown(load(path))
+    assert not found, (f"{path.name} shows private members a reader cannot look up (a printed method body, "
+                       f"prose); teach with public names, or show what they hold: {found}")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=ids)
+def test_every_repository_path_exists(path):
+    found = dangling_paths(load(path))
+    assert not found, f"{path.name} names paths the repository does not hold: {found}"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=ids)
+def test_no_lab_log_or_roadmap_prose(path):
+    hits = [f"line {n}: {line.strip()[:80]}" for n, line in enumerate(path.read_text().splitlines(), 1)
+            if LOG_PROSE.search(line)]
+    assert not hits, f"{path.name} reads as a work log or a roadmap; state what the chapter shows: {hits}"
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=ids)
@@ -216,6 +279,22 @@ def test_the_checks_catch_what_they_guard_against():
                  "engine.k = 3\nres = engine.generate('hi')\nprint(res.__class__)")
     assert private_uses(good) == [] and package_assignments(good) == []
     assert FOREIGN.search("see " + "DESIGN" + ".md section 3") and not FOREIGN.search("see docs/design.md")
+    shown = {"cells": [{"cell_type": "markdown", "source": ["calls `self._alpha.update(n)`; the `_created` series"]},
+                       {"cell_type": "code", "source": ["print(src)"],
+                        "outputs": [{"output_type": "stream", "text": ["    x = self._draft_per_token\n"]}]}]}
+    assert private_shown(shown) == ["cell 0: self._alpha", "cell 1: self._draft_per_token"], private_shown(shown)
+    paths = {"cells": [{"cell_type": "markdown", "source": ["see `specdec_lab/core/verify.py`, docs/design.md and "
+                                                              "notebooks/0*_*.ipynb, not specdec_lab/distill.py or "
+                                                              "docs/gpu_" + "h200.json; https://x.org/docs/y.md"]},
+                       {"cell_type": "code", "source": ["p = 1"],
+                        "outputs": [{"output_type": "stream", "text": ["scripts/nothing.sh\n"]}]}]}
+    assert dangling_paths(paths) == ["cell 0: specdec_lab/distill.py", "cell 0: docs/gpu_" + "h200.json",
+                                     "cell 1: scripts/nothing.sh"], dangling_paths(paths)
+    for bad in ("shortened to finish in the time" + " available", "docs/x.json is not in this" + " checkout yet",
+                "stored once it has" + " run on an H200", "No GPU" + " ran this chapter"):
+        assert LOG_PROSE.search(bad), bad
+    for good in ("the time a step takes", "once it has accepted K drafts", "the GPU ran the same code"):
+        assert not LOG_PROSE.search(good), good
 
 
 def test_make_setup_installs_the_lab_settings_that_silence_the_news_prompt(tmp_path):

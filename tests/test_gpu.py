@@ -78,13 +78,17 @@ def test_reference_verifier_runs_on_cuda():
 def test_compiled_engine_on_cuda_is_lossless_with_one_sync_per_step(temperature):
     """Static shapes and CUDA graphs (torch.compile mode reduce-overhead)."""
     t, d = _pair()
-    ct, cd = sl.compiled_twin(t), sl.compiled_twin(d)
+    from specdec_lab.compiled import graph_counts
+    ct, cd = sl.compiled_twin(t, rows=(1, 5)), sl.compiled_twin(d, rows=(1,))  # the draft: one row, always
     kwargs = dict(max_new_tokens=32, temperature=temperature, seed=0)
     want = sl.SpeculativeEngine(t, d, k=4).generate([1, 2, 3], **kwargs)
     engine = sl.SpeculativeEngine(ct, cd, k=4)
-    engine.generate([1, 2, 3], **{**kwargs, "max_new_tokens": 8})  # compiles
+    for _ in range(3):  # compiles, then records the CUDA graphs
+        engine.generate([1, 2, 3], **{**kwargs, "max_new_tokens": 16})
+    before = graph_counts()
     got = engine.generate([1, 2, 3], **kwargs)
     if temperature == 0:
         assert got.tokens == want.tokens
     res, n = count_cuda_syncs(lambda: engine.generate([1, 2, 3], **kwargs))
+    assert graph_counts()["graphs"] == before["graphs"], "nothing compiles once warm"
     assert n <= res.stats.steps + 2, f"CUDA counted {n} syncs over {res.stats.steps} steps"

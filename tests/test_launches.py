@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from specdec_lab.analysis.launches import count_launches, launches_kernel
+from specdec_lab.analysis.launches import count_call_launches, count_launches, launches_kernel
 from specdec_lab.core.config import ModelConfig
 
 
@@ -46,3 +46,12 @@ def test_views_are_not_counted_as_launches():
 def test_bad_input_names_the_parameter(kwargs, name):
     with pytest.raises(ValueError, match=name):
         count_launches(**kwargs)
+
+
+def test_a_single_call_is_counted_like_a_forward():
+    x = torch.ones(4, 8)
+    counted = count_call_launches(lambda t: (t * 2).sum().view(1), x)
+    assert counted.tokens == 0 and counted.launches == 2 and counted.by_op == {"aten.mul": 1, "aten.sum": 1}
+    assert counted.views == 1, "the view is seen and not counted as a launch"
+    with pytest.raises(ValueError, match="fn"):
+        count_call_launches(3)

@@ -38,9 +38,12 @@ def _lines(path: Path) -> int:
 
 def test_the_core_is_small_and_no_module_is_long():
     core = {p.name: _lines(p) for p in (PACKAGE / "core").glob("*.py")}
-    # The static-shape path for torch.compile (docs/design.md) added about 140 lines to model.py,
-    # kv_cache.py and engine.py.
-    assert sum(core.values()) <= 1300, f"core/ has {sum(core.values())} lines: {core}"
-    assert core["model.py"] <= 380 and core["engine.py"] <= 260, core
+    # Fixed shapes and torch.compile live in compiled/, the CPU's fast forward in cpu/: both are
+    # installed on a model from outside (Transformer.runner), so the core stays this small.
+    assert sum(core.values()) <= 1100, f"core/ has {sum(core.values())} lines: {core}"
+    assert max(core.values()) <= 300, core
+    source = "".join((PACKAGE / "core" / f).read_text() for f in core)
+    for name in ("static_shapes", "torch.compile", "mark_static_address", "static_forward", "write_at", "_dynamo"):
+        assert name not in source, f"core/ uses {name!r}: that belongs in compiled/"
     long = {str(p.relative_to(PACKAGE)): n for p in PACKAGE.rglob("*.py") if (n := _lines(p)) > 500}
     assert not long, f"modules over 500 lines: {long}"

@@ -10,7 +10,8 @@ import torch
 
 from specdec_lab import SpeculativeEngine
 from specdec_lab.lab.metrics import LATENCY_BUCKETS, PrometheusExporter, serve_metrics
-from specdec_lab.core.records import MovingRatio, RunStats, StepRecord
+from specdec_lab.analysis.moving import MovingRatio
+from specdec_lab.core.records import RunStats, StepRecord
 from specdec_lab.io.pair import tiny_model
 
 prometheus_client = pytest.importorskip("prometheus_client")

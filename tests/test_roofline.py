@@ -1,5 +1,7 @@
 """roofline.py: the speedup formula, bytes per token, the hardware table, intensity, and the measurements."""
+import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -237,3 +239,25 @@ def test_launch_bound_time_is_the_slower_of_host_and_device():
             rf.launch_bound_seconds(**args)
     with pytest.raises(ValueError, match="batch"):
         rf.batch_forward_seconds(rf.LLAMA_3_8B, 0, 1, 1e15, 1e12)
+
+
+def test_forward_rows_rounds_times_every_row_count_each_round_and_leaves_the_cache_as_it_was():
+    model = tiny_model(0)
+    per_round = timing.forward_rows_rounds(model, [1, 3, 2], context=8, rounds=4)
+    assert len(per_round) == 4 and all(len(r) == 3 and all(s > 0 for s in r) for r in per_round)
+    with pytest.raises(ValueError, match="rows"):
+        timing.forward_rows_rounds(model, [1, 0])
+    with pytest.raises(ValueError, match="rounds"):
+        timing.forward_rows_rounds(model, [1], rounds=0)
+
+
+def test_the_stored_forward_rows_measurement_keeps_its_schema_and_its_ridge_point():
+    """docs/forward_rows.json (scripts/forward_rows.py) is what the chapters cite for the cost of
+    the engine's forward by row count: its keys, and ridge_rows read off its own ratios."""
+    data = json.loads((Path(__file__).resolve().parents[1] / "docs" / "forward_rows.json").read_text())
+    assert list(data) == ["rows", "ms_median", "ratio_to_one_row", "ridge_rows", "threads", "forward", "date"]
+    rows, ms, ratios = data["rows"], data["ms_median"], data["ratio_to_one_row"]
+    assert rows == sorted(rows) and rows[0] == 1 and len(ms) == len(ratios) == len(rows)
+    assert all(abs(r - m / ms[0]) < 2e-3 for r, m in zip(ratios, ms)), "ratios are each median over T = 1's"
+    assert data["ridge_rows"] == max(T for T, r in zip(rows, ratios) if r <= 1.25)
+    assert data["threads"] == 1

@@ -4,7 +4,7 @@ import torch
 
 import specdec_lab as sl
 from specdec_lab.train.acceptance import measure_alpha
-from specdec_lab.core.model import VocabSubsetHead
+from specdec_lab.drafters.vocab_subset import VocabSubsetHead
 from specdec_lab.io.pair import default_draft_dir, vocab_subset
 from specdec_lab.train.prompts import distill_prompts, split_prompts
 

@@ -1,4 +1,4 @@
-"""A draft whose head covers only its most frequent tokens (model.VocabSubsetHead)."""
+"""A draft whose head covers only its most frequent tokens (drafters.VocabSubsetHead)."""
 import json
 
 import pytest
@@ -6,7 +6,7 @@ import torch
 
 import specdec_lab as sl
 from specdec_lab.train.distill import frequent_tokens, save_draft, save_vocab_subset
-from specdec_lab.core.model import VocabSubsetHead, restrict_vocab
+from specdec_lab.drafters.vocab_subset import VocabSubsetHead, restrict_vocab
 from test_engine import V, chi_square_pvalue, exact_distribution
 
 SUBSET = [0, 2, 3, 5, 8, 13, 21, 34, 55]

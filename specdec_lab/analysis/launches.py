@@ -58,15 +58,30 @@ def _count(model, tokens, context) -> LaunchCount:
     cache = KVCache.for_model(model.cfg, context + tokens, device="meta")
     cache.length = context  # the cache's state is its length; the meta tensors hold no data to fill
     x = torch.zeros(1, tokens, dtype=torch.long, device="meta")  # (B, T)
-    launched, views = Counter(), 0
     with _CountOps() as counter:
         model(x, cache=cache)
-    for op, n in counter.ops.items():
+    return _tally(counter.ops, tokens)
+
+
+def _tally(ops, tokens) -> LaunchCount:
+    launched, views = Counter(), 0
+    for op, n in ops.items():
         if launches_kernel(op):
             launched[str(op.overloadpacket)] += n
         else:
             views += n
     return LaunchCount(tokens, sum(launched.values()), views, dict(launched.most_common()))
+
+
+def count_call_launches(fn, *args, **kwargs) -> LaunchCount:
+    """Kernel launches of one eager call fn(*args, **kwargs), counted as count_launches counts
+    a forward's (tokens is 0: the call is not a forward). The arguments may live on any device;
+    a host read (`int(t)`, `.item()`) counts as the copy it launches."""
+    if not callable(fn):
+        raise ValueError(f"fn must be callable, got {fn!r}")
+    with torch.no_grad(), _CountOps() as counter:
+        fn(*args, **kwargs)
+    return _tally(counter.ops, 0)
 
 
 def count_launches(cfg: ModelConfig, k: int = 4, context: int = 128) -> dict[int, LaunchCount]:

@@ -89,6 +89,42 @@ def measure_forward_seconds(model, tokens, context: int = 64, reps: int = 3, see
     return out
 
 
+def forward_rows_rounds(model, rows, context: int = 64, rounds: int = 9, seed: int = 0) -> list[list[float]]:
+    """Seconds of one forward over T new rows after `context` cached positions, for each T in
+    `rows`, in `rounds` rounds: each round times every T once, in a shuffled order, so that a
+    burst of noise on a shared machine falls on all row counts alike rather than on the few that
+    happened to run during it. Returns one list per round, in the order of `rows` (take the
+    median over rounds per T). Random token ids; the cache is rolled back after every forward,
+    and every T is run once untimed first (warm-up)."""
+    rows = list(rows)
+    if not rows or any(isinstance(t, bool) or not isinstance(t, int) or t < 1 for t in rows):
+        raise ValueError(f"rows must be a non-empty list of ints >= 1, got {rows!r}")
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+        raise ValueError(f"rounds must be an int >= 1, got {rounds!r}")
+    g = torch.Generator().manual_seed(seed)
+    V, device, clock = model.cfg.vocab_size, model.device, Clock(model.device)
+    cache = KVCache.for_model(model.cfg, context + max(rows) + 1, dtype=model.dtype, device=device)
+    inputs = {T: torch.randint(0, V, (1, T), generator=g).to(device) for T in set(rows)}  # (1, T) each
+    out = []
+    with torch.no_grad():
+        if context:
+            model(torch.randint(0, V, (1, context), generator=g).to(device), cache=cache, last_only=True)
+
+        def forward(T):
+            t0 = clock()
+            model(inputs[T], cache=cache)
+            seconds = clock() - t0
+            cache.rollback(context)
+            return seconds
+        for T in rows:
+            forward(T)
+        for _ in range(rounds):
+            order = torch.randperm(len(rows), generator=g).tolist()
+            seconds = {i: forward(rows[i]) for i in order}
+            out.append([seconds[i] for i in range(len(rows))])
+    return out
+
+
 class BandwidthProbe:
     """Memory read bandwidth (bytes/s), measured again at each call: the best of `reps` sums over
     one float32 buffer much larger than the caches (256 MiB on CPU, 2 GiB on CUDA), allocated

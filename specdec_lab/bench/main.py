@@ -6,13 +6,13 @@ from pathlib import Path
 
 import torch
 
-from ..api import compiled_twin, default_dtype, load_eagle3_draft, load_feature_draft
+from ..api import compiled_twin, default_dtype, load_eagle3_draft, load_feature_draft, with_vocab_subset
 from ..core.text import encode_prompt
 from ..cpu import accelerated
 from ..drafters.eagle3 import is_eagle3_folder
 from ..drafters.feature import find_feature_draft_dir
 from ..io.assets import ensure_default_target
-from ..io.pair import default_draft_dir, load_model_cached, with_vocab_subset
+from ..io.pair import default_draft_dir, load_model_cached
 from ..io.weights import load_draft, load_hf_causal_lm, load_hf_model
 from ..train.prompts import BENCH_PROMPTS
 from .gpu import cuda_syncs_per_step, run_synthetic

@@ -20,7 +20,7 @@ How the figures are made:
   N times per prompt, with the seeds of `seeds_for`, the same for every system; the
   interval then resamples prompts together with all their samples;
 - both engines read the same draft folder. Ours applies its vocab_subset.json (the
-  draft's head over its frequent tokens, io.pair.with_vocab_subset); transformers'
+  draft's head over its frequent tokens, api.with_vocab_subset); transformers'
   assisted generation has no such option and runs the whole head.
 
 The prediction is Leviathan et al.'s (arXiv 2211.17192, Theorem 3.8):

@@ -8,23 +8,21 @@ target's verdict. The engine calls, for one generation:
                                                  q (k', V) float32, or None: one-hot at the ids)
     drafter.commit(verdict, hidden)          after each step
 
+and, for a wrapper such as prompt lookup (drafters/lookup.py) around another drafter,
+`device`, `reset()` and `queue(tokens, hidden)`: the Drafter protocol below declares them all.
+
 `host_syncs` counts the host reads and host-to-device copies the drafter has made so far
 (an early stop reads q(d) per drafted token; prompt lookup copies its proposal to the device):
 the engine adds what a step added to the step's own one read, so what it reports is counted
 where it happens. A drafter that keeps its tokens on the device, as ModelDrafter does with the
 verdict's device tensors, adds nothing.
 
-`needs_hidden` is a declaration, not a method: a drafter that sets it reads the
-target's final hidden states (an EAGLE-style feature draft), and the engine then
-passes them: (len(prompt) - 1, dim) to prefill, the verification forward's
-(k' + 1, dim) to commit. Otherwise `hidden` is None. `hidden_layers`, a second declaration
-(absent or None for the others), names target layers (i, j, ...) whose residual-stream states
-the drafter reads instead of the final ones (an EAGLE-3-style draft, arXiv 2503.01840): then
-`hidden` is those layers' states concatenated, (rows, len(hidden_layers) * dim).
-
-Drafters live in specdec_lab/drafters/ (a model, prompt lookup, a feature draft)
-and cpu/ (the target read at low precision); api.make_drafter builds the right
-one for what it is given.
+`needs_hidden` declares that the drafter reads the target's final hidden states (an
+EAGLE-style feature draft): the engine passes (len(prompt) - 1, dim) to prefill and the
+verification forward's (k' + 1, dim) to commit, else None. `hidden_layers` (absent or None for
+the others) names target layers whose residual-stream states it reads instead, concatenated
+(an EAGLE-3-style draft, arXiv 2503.01840). Drafters live in drafters/ and cpu/;
+api.make_drafter builds the right one for what it is given.
 """
 from dataclasses import dataclass
 from typing import Protocol
@@ -62,9 +60,18 @@ class Verdict:
 
 
 class Drafter(Protocol):
+    """Everything the engine, or a drafter wrapping another (drafters.LookupDrafter), calls."""
     needs_hidden: bool
     host_syncs: int
     hidden_layers: tuple | None = None  # with needs_hidden: the target layers whose states it reads
+
+    @property
+    def device(self) -> torch.device: ...  # where its proposals live
+
+    def reset(self) -> None: ...  # forget the sequence (prefill does it too)
+
+    def queue(self, tokens: torch.Tensor, hidden: torch.Tensor | None = None) -> None:
+        """Committed tokens (n,) another drafter proposed (and states): fed with the next proposal."""
 
     def prefill(self, prompt_ids: list, hidden: torch.Tensor | None = None) -> None: ...
 

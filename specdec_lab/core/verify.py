@@ -9,16 +9,13 @@ Inputs for one step with K drafted tokens (step 3 of the algorithm, docs/design.
   e         (V,)         Exponential(1) noise for the one final draw (argmax(dist / e))
 
 Rule (arXiv 2211.17192, Algorithm 1): accept d_i while u_i < min(1, p_i(d_i) / q_i(d_i)).
-At the first rejection j, draw from the residual norm(max(0, p_j - q_j)); if all K
-pass, draw a bonus token from p_{K+1}. A draft token with q(d) = 0 is rejected; a
-residual that is numerically all zeros falls back to p_j. In greedy mode p and q
-only matter through argmax: accept while argmax p_i == d_i, then take argmax p_n.
+At the first rejection j, draw from the residual norm(max(0, p_j - q_j)) (p_j where it is all
+zeros); if all K pass, a bonus token from p_{K+1}. q(d) = 0 is rejected. Greedy: accept while
+argmax p_i == d_i, then take argmax p_n.
 
-Both versions return a (2,) int64 tensor [num_accepted, next_token].
-`verify_reference` is a loop a learner can read; it syncs once per draft token.
-`verify` does the same on the device with no sync at all. `pack_step` puts
-the verdict and what the step record wants beside it into one tensor, and
-`read_step` reads it to the host: the engine's one sync per step.
+Both return a (2,) int64 tensor [num_accepted, next_token]: `verify_reference` as a loop a
+learner can read (a sync per draft token), `verify` on the device with none. `pack_step` puts it
+and what the step record wants into one tensor; `read_step` is the engine's one sync per step.
 """
 from dataclasses import dataclass
 

@@ -2,7 +2,7 @@
 
 FusedForward runs decode's one token or verification's K+1 rows through every layer
 in one ctypes call; OneTokenDecoder feeds it one row at a time into a fixed cache;
-FusedRows is what `accelerate` puts in a Transformer's `fast_rows` seam, so that the
+FusedRows is what `accelerate` installs as a Transformer's `runner` (the seam of core/model.py), so that the
 model's own forward takes the one call wherever it applies and its eager code elsewhere.
 """
 import ctypes
@@ -11,9 +11,15 @@ import threading
 import torch
 
 from ..core.kv_cache import KVCache
-from ..core.model import Linear, VocabSubsetHead
+from ..core.model import Linear
 from . import build as kernels
 from .linear import panel_weight
+
+
+def is_subset_head(head) -> bool:
+    """A head over a subset of the vocabulary (drafters.VocabSubsetHead): a product `proj` over the
+    columns `ids`, the rest -inf. Read by its parts, as cpu/ does not import the drafters."""
+    return hasattr(head, "proj") and hasattr(head, "ids") and hasattr(head, "vocab_size")
 
 
 class FusedForward:
@@ -50,7 +56,7 @@ class FusedForward:
         kernels.has_int4()); "int4" also needs every product's inputs (the head's too) in groups of 32."""
         if weights not in FusedForward.WEIGHTS:
             raise ValueError(f"weights must be one of {sorted(FusedForward.WEIGHTS)}, got {weights!r}")
-        head = model.head.proj if isinstance(model.head, VocabSubsetHead) else model.head
+        head = model.head.proj if is_subset_head(model.head) else model.head
         linears = [head] + [m for b in model.layers for m in (b.attn.wqkv, b.attn.wo, b.mlp.w13, b.mlp.w2)]
         built = {"float32": kernels.available, "float16": kernels.has_half, "int8": kernels.has_int8,
                  "int4": kernels.has_int4}[weights]
@@ -87,7 +93,7 @@ class FusedForward:
         up to a tenth of an int8 self-draft token (docs/benchmarks.md)."""
         mods = self.model._modules
         head = mods["head"]
-        if isinstance(head, VocabSubsetHead):
+        if is_subset_head(head):
             head = head._modules["proj"]
         out = []
         for b in mods["layers"]._modules.values():
@@ -152,7 +158,7 @@ class FusedForward:
         if not head:
             return None
         y = logits[:, :n]
-        if isinstance(m.head, VocabSubsetHead):
+        if is_subset_head(m.head):
             return y.new_full((R, m.head.vocab_size), float("-inf")).index_copy_(1, m.head.ids, y)
         return y
 
@@ -221,9 +227,11 @@ class OneTokenDecoder:
 
 
 class FusedRows:
-    """The `fast_rows` seam of a Transformer (core/model.py): its forward through FusedForward where
+    """The `runner` seam of a Transformer (core/model.py): its forward through FusedForward where
     that applies (batch 1, 1..MAX_ROWS tokens, a contiguous float32 cache, the default causal mask
     and positions, nothing to differentiate), None elsewhere, so the model runs its eager code."""
+
+    name = "cpu-fused"
 
     def __init__(self, model, weights="float32"):
         self.model, self.weights = model, weights
@@ -255,8 +263,8 @@ class FusedRows:
         y = self._run(tokens, cache, None, head=True)  # (T, V)
         return (y[-1:] if last_only else y).float().unsqueeze(0)  # (1, T or 1, V)
 
-    def hidden(self, tokens, input_pos, cache, mask, embeds):
-        if not self._applies(tokens, input_pos, cache, mask, embeds):
+    def hidden(self, tokens, input_pos, cache, mask, embeds, layers=None):
+        if layers is not None or not self._applies(tokens, input_pos, cache, mask, embeds):
             return None
         self._run(tokens, cache, embeds, head=False)
         return self.fused.hidden_states().clone().unsqueeze(0)  # (1, T, dim)

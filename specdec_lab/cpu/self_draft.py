@@ -140,6 +140,9 @@ class QuantizedDecoding:
         self.tokenizer = getattr(t, "tokenizer", None)
         self._decoder = None
 
+    def new_cache(self, capacity, batch_size=1):
+        return self.draft.target.new_cache(capacity, batch_size)  # the KVCache its decoder reads
+
     def __call__(self, tokens, cache=None, last_only=True):
         if cache is None:
             raise ValueError("QuantizedDecoding decodes through a KVCache: pass cache=")

@@ -1,7 +1,7 @@
 """Model pairs: a target and a draft that share a tokenizer.
 
-`load_model_cached` loads a model once per process; `with_vocab_subset` gives a
-draft the head over its frequent tokens that its folder names. api.load_pair and
+`load_model_cached` loads a model once per process; `vocab_subset` reads the frequent
+tokens a draft's folder names (api.with_vocab_subset gives it that head). api.load_pair and
 api.load_default_pair put them together (and make them fast on the CPU).
 `tiny_model()` builds small random decoders for tests and chapters.
 """
@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from ..core.config import ModelConfig
-from ..core.model import Transformer, VocabSubsetHead, init_weights, restrict_vocab
+from ..core.model import Transformer, init_weights
 from .weights import load_model
 
 
@@ -59,15 +59,6 @@ def vocab_subset(draft_source):
     """The token ids in draft_source/vocab_subset.json, or None."""
     path = Path(str(draft_source)).expanduser() / "vocab_subset.json"
     return json.loads(path.read_text())["ids"] if path.is_file() else None
-
-
-def with_vocab_subset(model, draft_source):
-    """`model` with its head restricted to draft_source's vocab_subset.json, in place; unchanged
-    when the folder has none or the head is restricted already."""
-    ids = vocab_subset(draft_source)
-    if ids is None or isinstance(model.head, VocabSubsetHead):
-        return model
-    return restrict_vocab(model, ids)
 
 
 def tiny_model(seed=0, vocab_size=64, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, **kw) -> Transformer:

@@ -11,7 +11,8 @@ Metric names, help texts and their vLLM counterparts: docs/metrics.md.
 """
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, start_http_server
 
-from ..core.records import MovingRatio, StepRecord
+from ..analysis.moving import MovingRatio
+from ..core.records import StepRecord
 
 # Latency buckets from 100 us (a small draft forward on a GPU) to 10 s (a large
 # target on a CPU), in 1-2.5-5 steps: 16 buckets plus +Inf.

@@ -134,6 +134,9 @@ class UnmaskedTarget(torch.nn.Module):
     def dtype(self):
         return self.model.dtype
 
+    def new_cache(self, capacity, batch_size=1):
+        return self.model.new_cache(capacity, batch_size)
+
     def forward(self, tokens, input_pos=None, cache=None, mask=None, last_only=False):
         if cache is not None and cache.length > 0 and tokens.shape[1] > 1:
             B, T, L = tokens.shape[0], tokens.shape[1], cache.length

@@ -20,9 +20,10 @@ expected speedup of Leviathan et al. (arXiv 2211.17192, Theorem 3.8):
 """
 import math
 
+from ..analysis.moving import MovingRatio
 from ..analysis.roofline import _check_int, expected_speedup, expected_tokens_per_step, optimal_k  # noqa: F401
 from ..core.config import MAX_K
-from ..core.records import MovingRatio, StepRecord
+from ..core.records import StepRecord
 
 
 class _Controller:

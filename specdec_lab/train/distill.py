@@ -220,7 +220,7 @@ def save_draft(draft, out_dir, dtype=torch.float16, card: str | None = None):
 def frequent_tokens(examples, n, vocab_size, always=()) -> tuple[list[int], float]:
     """(ids, coverage): the n token ids the target wrote most often in `examples`' answers, plus
     `always` (the EOS ids), sorted; coverage is the share of answer tokens they account for.
-    A draft restricted to them (model.VocabSubsetHead) reads n head columns instead of V."""
+    A draft restricted to them (drafters.VocabSubsetHead) reads n head columns instead of V."""
     if not examples:
         raise ValueError("examples is empty: no answers to count tokens in")
     counts = torch.zeros(vocab_size, dtype=torch.long)
