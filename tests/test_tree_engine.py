@@ -6,6 +6,7 @@ import torch
 import specdec_lab as sl
 from specdec_lab.analysis.syncs import count_host_syncs
 from specdec_lab.core.kv_cache import KVCache
+from specdec_lab.core.sampling import logits_to_probs
 from specdec_lab.lab import lossless
 from specdec_lab.tree.compact import compact, compact_reference
 from specdec_lab.tree.draft import DynamicTree
@@ -198,3 +199,23 @@ def test_a_failed_generate_leaves_the_engine_usable(target, draft):
         engine.generate([1, 2, 3], max_new_tokens=60)
     base = sl.autoregressive_generate(target, [1, 2, 3], max_new_tokens=20).tokens
     assert engine.generate([1, 2, 3], max_new_tokens=20).tokens == base
+
+
+def test_a_one_child_trees_acceptance_by_depth_is_the_chains_exact_one():
+    """From a fixed context, P(m >= 1) = sum min(p_1, q_1) and P(m >= 2) = sum_x min(p_1, q_1)(x) alpha_2(x):
+    a tree that accepted less than this would still be lossless, and only slower."""
+    T, V = 0.7, 64
+    t = sl.tiny_model(0, vocab_size=V, eos_token_ids=(10 ** 6,))
+    d = sl.tiny_model(0, vocab_size=V, eos_token_ids=(10 ** 6,))
+    with torch.no_grad():
+        d.head.weight.add_(torch.randn(d.head.weight.shape, generator=torch.Generator().manual_seed(1)) * 0.05)
+        probs = lambda m, ids: logits_to_probs(m(torch.tensor(ids))[:, -1], T)  # noqa: E731
+        prompt = [0, 7, 3]
+        a1 = torch.minimum(probs(t, [prompt])[0], probs(d, [prompt])[0])  # (V,)
+        rows = [prompt + [x] for x in range(V)]
+        a2 = torch.minimum(probs(t, rows), probs(d, rows)).sum(-1)  # (V,)
+    exact = [a1.sum().item(), (a1 * a2).sum().item()]
+    engine, n = TreeEngine(t, d, tree=(1, 1, 1, 1)), 1500
+    m = [engine.generate(prompt, max_new_tokens=6, temperature=T, seed=s).steps[0].num_accepted for s in range(n)]
+    got = [sum(x >= 1 for x in m) / n, sum(x >= 2 for x in m) / n]
+    assert got == pytest.approx(exact, abs=0.05), f"acceptance by depth {got}, exact {exact}"
