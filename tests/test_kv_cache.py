@@ -30,7 +30,7 @@ def append(cache, k, v):
     """Write T positions the way a forward does: reserve, write every layer, advance."""
     T = k.shape[3]
     cache.reserve(T)
-    for layer in range(cache.n_layers):
+    for layer in range(cache.k.shape[0]):
         cache.write_layer(layer, k[layer], v[layer])
     cache.advance(T)
 
@@ -55,7 +55,7 @@ def assert_holds(cache, tokens, why):
 
 def test_new_cache_is_empty_with_one_tensor_pair_for_all_layers():
     cache = new_cache()
-    assert cache.length == 0 and cache.capacity == S and cache.n_layers == L
+    assert cache.length == 0 and cache.capacity == S and cache.k.shape[0] == L
     assert cache.k.shape == cache.v.shape == (L, B, HKV, S, D), "one layer allocated instead of all (seed defect)"
     assert keys(cache, L - 1).shape == (B, HKV, 0, D)
 
