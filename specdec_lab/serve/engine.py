@@ -142,11 +142,11 @@ class BatchEngine:
 
     # -- the step ------------------------------------------------------------------
 
-    def step_k(self, s) -> int:
-        """The K a sequence drafts this step: its k, clamped to the budget and to 0 without a draft."""
+    def step_k(self, s, k=None) -> int:
+        """The K a sequence drafts this step: its k (or `k`), clamped to the budget and to 0 without a draft."""
         if self.draft is None:
             return 0
-        return max(0, min(s.k, MAX_K, s.max_new_tokens - len(s.output) - 1))
+        return max(0, min(s.k if k is None else k, MAX_K, s.max_new_tokens - len(s.output) - 1))
 
     @torch.inference_mode()
     def step(self, seqs) -> BatchRecord:
