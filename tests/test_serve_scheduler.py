@@ -37,7 +37,7 @@ def test_greedy_requests_arriving_and_leaving_midway_equal_batch_1_decoding():
 def test_a_pool_too_small_preempts_and_still_completes_every_request_unchanged():
     target, draft = _pair()
     roomy = Server(target, draft, max_batch=8, block_size=4, max_seq_len=128, k=3)
-    tight = Server(target, draft, max_batch=8, block_size=4, max_seq_len=128, k=3, num_blocks=16)
+    tight = Server(target, draft, max_batch=8, block_size=4, max_seq_len=128, k=3, num_blocks=14)
     out = {}
     for server in (roomy, tight):
         hs = [server.submit(p, max_new_tokens=n, temperature=[0.0, 0.9][i % 2], seed=i)

@@ -232,9 +232,10 @@ class Server:
         draft = eng.draft_kv.blocks_to_grow(s.seq_id, len(s.pending) + k - 1) if k and eng.draft_kv else 0
         return target, draft
 
-    def _admission_blocks(self, h):
-        """Blocks a waiting request needs to be prefilled and take its first step at full K."""
-        n = blocks_for(len(h.seq.context) + MAX_K + 1, self.block_size)
+    def _admission_blocks(self, h, k):
+        """Blocks a waiting request needs to be prefilled and take its first step at draft length k."""
+        k = self.engine.step_k(h.seq, min(k, h.k_cap))
+        n = blocks_for(len(h.seq.context) + k + 1, self.block_size)
         return n, (n if self.engine.draft_kv is not None else 0)
 
     def _free(self):
@@ -249,7 +250,7 @@ class Server:
         free_d -= sum(g[1] for g in growth)
         admitted = []
         while self.waiting and len(self.running) + len(admitted) < self.max_batch:
-            need_t, need_d = self._admission_blocks(self.waiting[0])
+            need_t, need_d = self._admission_blocks(self.waiting[0], k)
             if need_t > free_t or need_d > free_d:
                 break
             h = self.waiting.popleft()
