@@ -20,6 +20,7 @@ from .probes import (compare_caches, compare_kernels, compare_policies, format_k
                      format_profile, profile_decode)
 from .report import format_synthetic, format_table
 from .run import QUICK, BenchConfig, run_bench
+from .serve import QUICK_SERVE, ServeBenchConfig, format_serve, run_serve_bench
 
 
 def parse_list(text, kind, name):
@@ -45,7 +46,15 @@ def bench_main(args, out=print, err=None):
         if getattr(args, probe, False) and device.type != "cpu":
             raise ValueError(f"--{probe} measures the CPU kernels and the CPU forward; on {device} use the "
                              f"default bench (it reports c, v_K and the bandwidth fraction) or --synthetic")
-    if getattr(args, "caches", False):
+    if getattr(args, "serve", False):
+        cfg = ServeBenchConfig(**(QUICK_SERVE if args.quick else {}))
+        if args.max_new_tokens is not None:
+            cfg.max_new_tokens = args.max_new_tokens
+        target, draft, _, _ = load_systems_models(args, device, dtype, False, err)
+        prompts = BENCH_PROMPTS[:args.prompts] if args.prompts else BENCH_PROMPTS
+        doc = run_serve_bench(target, draft, prompts, cfg, log=err)
+        text = format_serve(doc)
+    elif getattr(args, "caches", False):
         cfg = BenchConfig(**{**(QUICK if args.quick else {}), **_overrides(args)})
         target, draft, _, _ = load_systems_models(args, device, dtype, False, err)
         doc = compare_caches(target, draft, cfg.prompts(), max_new_tokens=cfg.max_new_tokens)
