@@ -140,3 +140,24 @@ def test_bad_server_arguments_are_refused():
     for kwargs, name in [(dict(max_batch=0), "max_batch"), (dict(k=-1), "k"), (dict(num_blocks=0), "num_blocks")]:
         with pytest.raises(ValueError, match=name):
             Server(target, draft, **kwargs)
+
+
+@pytest.mark.slow
+def test_default_pair_greedy_batch_of_8_with_arrivals_and_departures_equals_batch_1_decoding():
+    from specdec_lab.core.text import encode_prompt
+    from specdec_lab.train.handwritten import HANDWRITTEN_PROMPTS
+    from specdec_lab.train.prompts import BENCH_PROMPTS
+    pair = sl.load_default_pair()
+    prompts = BENCH_PROMPTS[::3] + HANDWRITTEN_PROMPTS[::18]  # 8 benchmark and 4 hand-written prompts
+    ids = [encode_prompt(pair.tokenizer, p) for p in prompts]
+    budgets = [24, 8, 16, 24, 12, 20, 8, 24, 16, 12, 24, 20]
+    server = Server(pair.target, pair.draft, max_batch=8, max_seq_len=512, k=4)
+    handles = []
+    for i, (x, n) in enumerate(zip(ids, budgets)):
+        handles.append(server.submit(x, max_new_tokens=n, k=[4, 3, 0, 5][i % 4]))
+        if i >= 5:
+            server.step()  # later requests arrive while earlier ones run and leave
+    server.run_until_idle()
+    for x, n, h in zip(ids, budgets, handles):
+        assert h.result().tokens == sl.autoregressive_generate(pair.target, x, max_new_tokens=n).tokens
+    assert server.engine.target_kv.used_blocks == 0 == server.engine.draft_kv.used_blocks
