@@ -210,3 +210,51 @@ def test_default_pair_greedy_rows_equal_batch_1_decoding():
                for x, s in zip(ids, seqs))
     assert same == len(prompts)
     assert sum(r.num_accepted for s in seqs for r in s.steps) > 0, "the draft should be accepted sometimes"
+
+
+def test_a_forward_that_does_not_fit_the_pool_changes_nothing():
+    from specdec_lab.paged import PoolExhaustedError
+    from specdec_lab.serve.kv import PagedBatchKV
+    target, _ = _pair()
+    kv = PagedBatchKV(target.cfg, num_blocks=3, block_size=4, max_seq_len=64)
+    kv.add(0)
+    kv.add(1)
+    with torch.no_grad():
+        hidden(target, kv.view([0], [5]), torch.tensor([[1, 2, 3, 4, 5]]))
+    before = (dict(kv.lengths), {s: list(t) for s, t in kv.tables.items()}, kv.free_blocks)
+    with pytest.raises(PoolExhaustedError, match="blocks"):
+        with torch.no_grad():
+            hidden(target, kv.view([0, 1], [4, 4]), torch.ones(2, 4, dtype=torch.long))
+    assert (dict(kv.lengths), {s: list(t) for s, t in kv.tables.items()}, kv.free_blocks) == before
+    kv.rollback(0, 0)
+    kv.free(0)
+    kv.free(1)
+    assert kv.used_blocks == 0
+
+
+@pytest.mark.parametrize("seqs,real,name", [([0, 0], [1, 1], "distinct"), ([0], [0], "real"), ([5], [1], "seq")])
+def test_bad_views_are_refused(seqs, real, name):
+    from specdec_lab.serve.kv import PagedBatchKV
+    kv = PagedBatchKV(sl.tiny_model(0).cfg, num_blocks=4, block_size=4, max_seq_len=64)
+    kv.add(0)
+    with pytest.raises(ValueError, match=name):
+        kv.view(seqs, real)
+
+
+@pytest.mark.gpu
+def test_the_batched_step_runs_on_cuda_with_one_sync_per_step():
+    from specdec_lab.analysis.syncs import count_cuda_syncs
+    target, draft = sl.tiny_model(0).to("cuda"), sl.tiny_model(1, n_layers=1).to("cuda")
+    engine = BatchEngine(target, draft, num_blocks=64, block_size=4, max_seq_len=128)
+    eos = target.cfg.eos_token_ids
+    seqs = [make_sequence(p, 16, k=k, eos_ids=eos, device="cuda") for p, k in zip(PROMPTS, [4, 2, 0, 3, 1])]
+    engine.prefill(seqs)
+    _, syncs = count_cuda_syncs(lambda: engine.step(seqs))
+    assert syncs == 1, "one host read per batched step, counted by CUDA"
+    live = [s for s in seqs if not s.finished]
+    while live:
+        engine.step(live)
+        engine.release([s for s in live if s.finished])
+        live = [s for s in live if not s.finished]
+    for p, s in zip(PROMPTS, seqs):
+        assert s.output == sl.autoregressive_generate(target, p, max_new_tokens=16).tokens, p

@@ -10,5 +10,5 @@ from .scheduler import Completion, Handle, RequestFailed, Server
 from .verify import num_accepted, verify_batch, verify_batch_reference
 
 __all__ = ["BatchEngine", "BatchRecord", "Sequence", "make_sequence", "run_to_completion", "PaddedBatchKV",
-           "PagedBatchKV", "num_accepted", "verify_batch", "verify_batch_reference", "Completion", "Handle", "RequestFailed", "Server", "GoodputPolicy", "KSchedule",
-           "measure_step_costs"]
+           "PagedBatchKV", "num_accepted", "verify_batch", "verify_batch_reference", "Completion", "Handle",
+           "RequestFailed", "Server", "GoodputPolicy", "KSchedule", "measure_step_costs"]

@@ -109,28 +109,25 @@ class BatchEngine:
     def prefill(self, seqs):
         """Give each sequence caches and read its context (prompt, and what it generated before a
         preemption) but the last token, which stays pending for the target and the draft."""
+        ctx = []
         for s in seqs:
             s.seq_id, self._next_id = self._next_id, self._next_id + 1
-            ctx = torch.tensor(s.context, device=self.device)  # the context's one copy to the device
-            s.c, s.pending = ctx[-1:], ctx[-1:]
-            s._ctx = ctx
+            ctx.append(torch.tensor(s.context, device=self.device))  # the context's one copy to the device
+            s.c, s.pending = ctx[-1][-1:], ctx[-1][-1:]
+        rows = [(s, x[:-1]) for s, x in zip(seqs, ctx) if len(x) > 1]
+        real = [len(x) for _, x in rows]
         try:
             for model, kv in ((self.target, self.target_kv), (self.draft, self.draft_kv)):
                 if model is None:
                     continue
                 for s in seqs:
                     kv.add(s.seq_id)
-                rows = [s for s in seqs if len(s._ctx) > 1]
                 if rows:
-                    real = [len(s._ctx) - 1 for s in rows]
-                    tokens = torch.stack([F.pad(s._ctx[:-1], (0, max(real) - r)) for s, r in zip(rows, real)])
-                    hidden(model, kv.view([s.seq_id for s in rows], real), tokens)  # (B, T) -> states unused
+                    tokens = torch.stack([F.pad(x, (0, max(real) - len(x))) for _, x in rows])  # (B, T)
+                    hidden(model, kv.view([s.seq_id for s, _ in rows], real), tokens)  # the states are not needed
         except Exception:
             self.release(seqs)
             raise
-        finally:
-            for s in seqs:
-                del s._ctx
 
     def release(self, seqs):
         """Free every block the sequences hold (they may be prefilled again later)."""

@@ -113,7 +113,6 @@ class BatchView:
         """Commit each row's real tokens (padding is never committed)."""
         for s, L, r in zip(self.seqs, self.starts, self.real):
             self.kv.lengths[s] = L + r
-        self.kv._advanced(self)
 
 
 class PagedBatchKV(_BatchKV):
@@ -209,12 +208,8 @@ class PagedBatchKV(_BatchKV):
         values = vr.index_select(0, read).view(B, Hkv, view.S, D)
         return keys, values
 
-    def _advanced(self, view):
-        pass  # the blocks were sized for the real tokens in _reserve
-
     def row_keys(self, seq: int, layer: int) -> torch.Tensor:
         """(Hkv, length, D) keys of `seq` at `layer`, read block by block (for tests)."""
-        P = self.block_size
         table, n = self.tables[seq], self.lengths[seq]
         if n == 0:
             return self.k.new_zeros(self.n_kv_heads, 0, self.head_dim)
@@ -262,9 +257,6 @@ class PaddedBatchKV(_BatchKV):
         keys = torch.stack([self.k[layer, self.slots[s], :, :view.S] for s in view.seqs])  # (B, Hkv, S, D)
         values = torch.stack([self.v[layer, self.slots[s], :, :view.S] for s in view.seqs])
         return keys, values
-
-    def _advanced(self, view):
-        pass
 
     def row_keys(self, seq: int, layer: int) -> torch.Tensor:
         return self.k[layer, self.slots[seq], :, :self.lengths[seq]]  # (Hkv, length, D)
