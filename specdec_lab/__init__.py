@@ -7,7 +7,8 @@
     base = sl.autoregressive_generate(pair.target, "Why is the sky blue?", max_new_tokens=64)
 
 The layers (docs/design.md): core/ (the decoder, cache, sampling, verification and the loop;
-torch only), drafters/, cpu/ (the one seam for CPU speed), paged/, io/, analysis/, policies/,
+torch only), drafters/, cpu/ (the CPU's fast forward) and compiled/ (fixed shapes and
+torch.compile), both installed as a model's runner from outside, paged/, io/, analysis/, policies/,
 train/, bench/, lab/ (what the chapters use), and api.py, which this module re-exports.
 
 Glossary of shape letters used in comments across the package:
@@ -19,6 +20,7 @@ target forward.
 """
 from .api import (LookupThenModelDrafter, SpeculativeEngine, autoregressive_generate, compiled_twin,
                   load_default_pair, load_eagle3_draft, load_feature_draft, load_pair, make_drafter)
+from .compiled import use_static_shapes
 from .core.config import MAX_K, ModelConfig, SamplingConfig
 from .core.engine import GenerationResult
 from .core.kv_cache import KVCache
@@ -38,4 +40,5 @@ __all__ = [
     "verify_reference", "ModelDrafter", "NGramDrafter", "LookupThenModelDrafter", "make_drafter",
     "FeatureDraft", "FeatureDrafter", "default_feature_draft_dir", "load_feature_draft", "shipped_feature_draft_dir",
     "Eagle3Draft", "load_eagle3_draft", "shipped_eagle3_draft_dir", "SelfDraft", "accelerate", "compiled_twin",
+    "use_static_shapes",
 ]

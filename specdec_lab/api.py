@@ -16,8 +16,8 @@ import copy
 
 import torch
 
-from .core.engine import Engine, autoregressive_generate  # noqa: F401 (re-exported)
-from .core.kv_cache import KVCache
+from .compiled import compiled_twin
+from .core.engine import Engine, autoregressive_generate, new_cache  # noqa: F401 (re-exported)
 from .core.model import Transformer
 from .cpu import SelfDraft, SelfDrafter, accelerated
 from .cpu import accelerate as accelerate_in_place
@@ -33,17 +33,19 @@ CACHES = ("contiguous", "paged")
 
 
 def cache_factory(kind, block_size=16):
-    """A function (cfg, capacity, dtype=, device=) -> an empty cache of that kind."""
+    """A function (cfg, capacity, dtype=, device=) -> an empty cache of that kind, or None for
+    "contiguous": then each model makes its own (Transformer.new_cache: a KVCache, or the static
+    cache of a compiled model)."""
     if kind not in CACHES:
         raise ValueError(f"cache must be one of {CACHES}, got {kind!r}")
     if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
         raise ValueError(f"block_size must be an int >= 1, got {block_size!r}")
     if kind == "contiguous":
-        return KVCache.for_model
+        return None
     return lambda cfg, cap, **kw: PagedSequenceCache.for_model(cfg, cap, block_size=block_size, **kw)
 
 
-def _model_drafter(draft, capacity, factory=KVCache.for_model, stop_below=None):
+def _model_drafter(draft, capacity, factory=None, stop_below=None):
     """The drafter behind prompt lookup: for a draft model, or a drafter built already."""
     if isinstance(draft, Eagle3Draft):
         return Eagle3Drafter(draft, capacity, factory, stop_below=stop_below)
@@ -59,7 +61,7 @@ def _model_drafter(draft, capacity, factory=KVCache.for_model, stop_below=None):
                     f"commit, got {type(draft).__name__}")
 
 
-def make_drafter(target, draft, capacity, factory=KVCache.for_model, target_cache=None):
+def make_drafter(target, draft, capacity, factory=None, target_cache=None):
     """The drafter the engine runs for `draft` (see the module docstring), with caches of `capacity`."""
     if isinstance(draft, SelfDraft):
         if draft.target is not target:
@@ -98,12 +100,11 @@ class SpeculativeEngine(Engine):
         capacity = min(max_seq_len, target.cfg.max_seq_len)
         if isinstance(draft, SelfDraft) and cache != "contiguous":
             raise ValueError("a self-draft shares the target's KV cache, which must be cache='contiguous'")
-        static = [m for m in (target, draft) if getattr(m, "static_shapes", False)]
-        if static and cache != "contiguous":
-            raise ValueError(f"cache={cache!r} cannot hold a model with static shapes (use_static_shapes): "
+        if cache != "contiguous" and any(getattr(m, "fixed_shapes", False) for m in (target, draft)):
+            raise ValueError(f"cache={cache!r} cannot hold a model with fixed shapes (compiled.use_static_shapes): "
                              f"they need cache='contiguous'")
-        target_cache = factory(target.cfg, capacity, dtype=target.dtype, device=target.device,
-                               **({"static": True} if target in static else {}))
+        target_cache = new_cache(target, capacity) if factory is None else factory(
+            target.cfg, capacity, dtype=target.dtype, device=target.device)
         drafter = make_drafter(target, draft, capacity, factory, target_cache)
         super().__init__(target, drafter, k=k, cache=target_cache, verifier=verifier, tokenizer=tokenizer)
         self.cache_kind, self.block_size = cache, block_size
@@ -155,10 +156,14 @@ def load_pair(target, draft, device="cpu", dtype=None, accelerate=None, vocab_su
     the CPU (cpu.accelerated: fast twins that share the plain models' weights; the draft's
     one-call forward reads half precision), False gives the plain models. compile: True gives
     twins with static shapes whose decode, verification and draft forwards go through
-    torch.compile (Transformer.use_static_shapes; CUDA graphs on CUDA); it replaces the CPU fast
-    path. Weights are loaded once per process, whichever is asked for. vocab_subset_head: a draft
-    folder's vocab_subset.json restricts the draft's head to those tokens (outputs unchanged:
-    verification is lossless for any q)."""
+    torch.compile (compiled.compiled_twin; CUDA graphs on CUDA; the draft always one row); it
+    replaces the CPU fast path. vocab_subset_head: a draft folder's vocab_subset.json restricts
+    the draft's head to those tokens (outputs unchanged: verification is lossless for any q).
+
+    The models are shared: weights are loaded once per process, and every call with the same
+    arguments gets the same objects. load_pair never changes an object once it has handed it
+    out; a caller that wants to change one (its modules, its runner) takes a copy first
+    (copy.copy shares the weights; cpu.accelerated and compiled.compiled_twin make twins)."""
     check_source("target", target)
     check_source("draft", draft)
     dtype = check_dtype(dtype, device)
@@ -181,27 +186,24 @@ def load_pair(target, draft, device="cpu", dtype=None, accelerate=None, vocab_su
     if d.cfg.vocab_size != t.cfg.vocab_size:
         raise ValueError(f"draft vocabulary ({d.cfg.vocab_size}) differs from the target's "
                          f"({t.cfg.vocab_size}); the draft must share the target's tokenizer")
-    d.tokenizer = t.tokenizer
+    if getattr(d, "tokenizer", None) is not t.tokenizer:  # the draft reads the target's tokenizer:
+        d_key = d_key + ("tokenizer", t_key)              # a shallow twin that says so, made once
+        if d_key not in _CACHE:
+            _CACHE[d_key] = copy.copy(d)
+            _CACHE[d_key].tokenizer = t.tokenizer
+        d = _CACHE[d_key]
     if fast:
         t, d = _fast_twin(t_key, t, "float32"), _fast_twin(d_key, d, "float16")
     elif compile:
-        t, d = _compiled_twin(t_key, t), _compiled_twin(d_key, d)
+        t, d = _compiled_twin(t_key, t), _compiled_twin(d_key, d, rows=(1,))  # the draft runs one row
     return ModelPair(t, d, t.tokenizer)
 
 
-def compiled_twin(model, mode=None):
-    """A shallow copy of a plain model (the same modules and weights) with static shapes and
-    torch.compile (Transformer.use_static_shapes), so the model itself stays as it was."""
-    if not isinstance(model, Transformer):
-        raise TypeError(f"model must be a specdec_lab Transformer, got {type(model).__name__}")
-    return copy.copy(model).use_static_shapes(compile=True, mode=mode)
-
-
-def _compiled_twin(key, model):
+def _compiled_twin(key, model, rows=None):
     """compiled_twin of a cached model, made once per process."""
-    key = key + ("compiled",)
+    key = key + ("compiled", rows)
     if key not in _CACHE:
-        _CACHE[key] = compiled_twin(model)
+        _CACHE[key] = compiled_twin(model, rows=rows)
     return _CACHE[key]
 
 

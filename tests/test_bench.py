@@ -422,7 +422,7 @@ def test_profile_decode_splits_a_token_into_products_and_the_rest():
     from specdec_lab.cpu import build as kernels
     if kernels.available():
         assert doc["fused_seconds"] > 0 and "fused forward" in bench.format_profile(doc)
-        assert t.fast_rows is not None, "profile_decode must give the model back accelerated"
+        assert t.runner is not None, "profile_decode must give the model back accelerated"
     plain = bench.profile_decode(tiny_model(0), context=8, steps=3, bandwidth=1e10)
     assert plain["fused_seconds"] is None, "a plain model has no one-call forward to time"
 

@@ -52,13 +52,13 @@ def test_the_chosen_layers_states_are_the_residual_stream_on_every_path(target):
     torch.testing.assert_close(states, torch.cat([ref[0], ref[2]], -1))
     assert torch.equal(final, target.hidden(x)), "asking for layers must not change the final states"
     # through a cache, a prompt then verification rows: eager, static, and the CPU fast path
-    static = copy.copy(target).use_static_shapes()
+    static = sl.use_static_shapes(copy.copy(target))
     fast = copy.deepcopy(target)
     accelerate(fast)
-    assert (fast.fast_rows is not None) == kernels.available()
+    assert (fast.runner is not None) == kernels.available()
     got = []
-    for model, kwargs in ((target, {}), (static, dict(static=True)), (fast, {})):
-        cache = sl.KVCache.for_model(model.cfg, 32, **kwargs)
+    for model in (target, static, fast):
+        cache = model.new_cache(32)
         with torch.inference_mode():
             a = model.hidden(x[:, :5], cache=cache, layers=(0, 2))
             b = model.hidden(x[:, 5:], cache=cache, layers=(0, 2))
@@ -97,7 +97,7 @@ def test_a_static_target_a_paged_cache_and_lookup_in_front_stay_lossless(target,
     prompt = [3, 4, 5, 6, 3, 4, 5, 6, 3, 4]  # repeats itself: lookup proposes
     base = sl.autoregressive_generate(target, prompt, max_new_tokens=30).tokens
     want = sl.SpeculativeEngine(target, draft, k=3).generate(prompt, max_new_tokens=30)
-    got = sl.SpeculativeEngine(copy.copy(target).use_static_shapes(), draft, k=3).generate(prompt, max_new_tokens=30)
+    got = sl.SpeculativeEngine(sl.use_static_shapes(copy.copy(target)), draft, k=3).generate(prompt, max_new_tokens=30)
     assert got.tokens == want.tokens == base
     assert [r.num_accepted for r in got.steps] == [r.num_accepted for r in want.steps]
     paged = sl.SpeculativeEngine(target, draft, k=3, cache="paged", block_size=4).generate(prompt, max_new_tokens=30)
@@ -249,7 +249,7 @@ def test_saved_and_loaded_it_drafts_the_same(trained, tmp_path):
     b = sl.SpeculativeEngine(target, loaded, k=3).generate([1, 7, 2], max_new_tokens=40).stats
     assert b.accepted_share == pytest.approx(a.accepted_share, abs=0.05)
     fast = sl.api.load_eagle3_draft(target, out)  # on the CPU: its layer in one call
-    assert (fast.body.fast_rows is not None) == kernels.available()
+    assert (fast.body.runner is not None) == kernels.available()
     res = sl.SpeculativeEngine(target, fast, k=3).generate([1, 7, 2], max_new_tokens=40)
     assert res.tokens == sl.autoregressive_generate(target, [1, 7, 2], max_new_tokens=40).tokens
     assert res.stats.accepted_share == pytest.approx(a.accepted_share, abs=0.1)
@@ -302,11 +302,11 @@ def test_the_shipped_draft_loads_by_default_and_keeps_greedy_decoding_the_target
 @pytest.mark.slow
 def test_a_compiled_target_hands_out_the_same_layer_states(target, draft):
     compiled = sl.compiled_twin(target)
-    static = copy.copy(target).use_static_shapes()
+    static = sl.use_static_shapes(copy.copy(target))
     x = torch.tensor([[4, 5, 6, 9, 2, 7, 1, 3]])
     out = []
     for model in (static, compiled):
-        cache = sl.KVCache.for_model(model.cfg, 32, static=True)
+        cache = model.new_cache(32)
         with torch.inference_mode():
             model.hidden(x[:, :5], cache=cache, layers=(0, 1, 2))
             out.append(model.hidden(x[:, 5:], cache=cache, layers=(0, 1, 2)))  # three rows: compiled

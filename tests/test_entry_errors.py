@@ -71,10 +71,10 @@ def test_engine_construction_names_what_is_wrong():
 
 def test_static_shapes_refuse_what_they_cannot_run(capsys):
     target, draft = sl.tiny_model(0), sl.tiny_model(1)
-    with pytest.raises(ValueError, match="cache='paged' cannot hold a model with static shapes"):
+    with pytest.raises(ValueError, match="cache='paged' cannot hold a model with fixed shapes"):
         sl.SpeculativeEngine(sl.compiled_twin(target), draft, cache="paged")
     with pytest.raises(ValueError, match="needs a plain model"):
-        sl.accelerate(sl.tiny_model(2)).use_static_shapes()
+        sl.use_static_shapes(sl.accelerate(sl.tiny_model(2)))
     from specdec_lab.__main__ import main
     assert main(["generate", "--prompt", "hi", "--k", "4", "--compile", "--self-draft"]) == 2
     assert "--compile and --self-draft cannot be combined" in capsys.readouterr().err

@@ -237,7 +237,7 @@ def test_the_shipped_feature_draft_drafts_for_the_default_target(default_target)
     fd = load_feature_draft(default_target, sl.shipped_feature_draft_dir())
     assert fd.cfg.n_layers == 1 and fd.state_width == 576 and len(fd.body.head.ids) == 8192
     drafter = sl.LookupThenModelDrafter(fd, 512)
-    assert (fd.body.fast_rows is not None) == kernels.available(), "load_feature_draft accelerates on the CPU"
+    assert (fd.body.runner is not None) == kernels.available(), "load_feature_draft accelerates on the CPU"
     from test_engine import greedy_acceptance
     engine = sl.SpeculativeEngine(default_target, drafter, k=4)
     assert greedy_acceptance(engine, ("Why is the sky blue?", "Write a Python function that reverses a string.")) > 0.3

@@ -101,7 +101,7 @@ def test_the_default_target_decodes_the_same_tokens_plain_and_accelerated(defaul
     """Greedy tokens through the CPU seam (the kernels, the one-call forward) against PyTorch's, on the real model."""
     from specdec_lab import autoregressive_generate
     fast = accelerated(default_target)
-    assert default_target.fast_rows is None and fast.fast_rows is not None, "accelerated() must leave the model plain"
+    assert default_target.runner is None and fast.runner is not None, "accelerated() must leave the model plain"
     assert fast.head.weight is default_target.head.weight, "the fast twin must share the weights"
     outs = [autoregressive_generate(m, "List three primary colours.", max_new_tokens=24, temperature=0.0).tokens
             for m in (default_target, fast)]
@@ -293,8 +293,8 @@ def test_a_draft_read_in_half_precision_rounds_its_logits_and_stays_lossless():
     from specdec_lab.io.pair import tiny_model
     target, draft = tiny_model(0, eos_token_ids=()), _untied(1, n_layers=2, eos_token_ids=())
     half = accelerated(draft, weights="float16")
-    assert half.fast_rows.weights == ("float16" if kernels.has_half() else "float32")
-    assert accelerated(target).fast_rows.weights == "float32"
+    assert half.runner.weights == ("float16" if kernels.has_half() else "float32")
+    assert accelerated(target).runner.weights == "float32"
     if not kernels.has_half():
         return
     logits = {}
@@ -316,16 +316,16 @@ SHAPES = [dict(), dict(vocab_size=100, dim=48, n_heads=6, n_kv_heads=1, n_layers
 
 
 def _forward(m, x, cache, fused):
-    """An accelerated m's forward through its fast_rows seam (fused), or around it (the eager code,
+    """An accelerated m's forward through its runner seam (fused), or around it (the eager code,
     over the fast modules), without rebuilding anything."""
-    rows = m.fast_rows
+    rows = m.runner
     assert rows is not None, "accelerate the model first"
     assert rows._applies(x, None, cache, None, None) or not fused, "the fused forward does not apply here"
-    m.fast_rows = rows if fused else None
+    m.runner = rows if fused else None
     try:
         return m(x, cache=cache)
     finally:
-        m.fast_rows = rows
+        m.runner = rows
 
 
 @pytest.mark.parametrize("shape", SHAPES)
@@ -438,7 +438,7 @@ def test_the_fused_forward_is_used_only_where_it_applies():
             assert rows.logits(*args, False) is None, why
         assert not FusedForward.supports(tiny_model(0).to(torch.bfloat16))
         assert not FusedForward.supports(tiny_model(0, qkv_bias=True))  # biases: eager
-        assert accelerate(tiny_model(0, qkv_bias=True)).fast_rows is None, "accelerate must skip what it cannot run"
+        assert accelerate(tiny_model(0, qkv_bias=True)).runner is None, "accelerate must skip what it cannot run"
     trainable = tiny_model(0).requires_grad_(True)
     trainable_rows = FusedRows(trainable)
     assert not trainable_rows._applies(x, None, cache, None, None)  # a backward needs the eager graph
@@ -488,7 +488,7 @@ def test_two_threads_can_decode_with_one_model_at_once():
     alone = [[], []]
     for prompt, out in zip(prompts, alone):
         decode(prompt, out)
-    assert m.fast_rows is not None, "the fused forward must be the one under test"
+    assert m.runner is not None, "the fused forward must be the one under test"
     for _ in range(3):
         together = [[], []]
         threads = [threading.Thread(target=decode, args=(p, o)) for p, o in zip(prompts, together)]
@@ -517,9 +517,9 @@ def test_accelerate_swaps_the_modules_once_and_eager_undoes_it_for_a_block():
         panels = {id(w): dict(_PANELS.get(w, {})) for w in (mod.weight for mod in m.modules()
                                                                  if isinstance(mod, Linear))}
         with eager(m):
-            assert not is_accelerated(m) and m.fast_rows is None
+            assert not is_accelerated(m) and m.runner is None
             assert torch.equal(m(x), want), "inside eager() the model must be the plain one"
-        assert is_accelerated(m) and m.fast_rows is not None
+        assert is_accelerated(m) and m.runner is not None
         assert torch.allclose(m(x), want, atol=1e-4)
         for w in (mod.weight for mod in m.modules() if isinstance(mod, Linear)):
             for dtype, copy in panels[id(w)].items():

@@ -32,8 +32,8 @@ def test_load_pair_refuses_two_fast_paths_and_bad_flags():
 def test_compiled_twin_leaves_the_model_as_it_was():
     model = tiny_model()
     twin = compiled_twin(model)
-    assert twin.static_shapes and twin.compiled is not None
-    assert not model.static_shapes and model.compiled is None
+    assert twin.forward_kind == "compiled" and twin.fixed_shapes
+    assert model.forward_kind == "eager" and not model.fixed_shapes and model.runner is None
     assert twin.head.weight is model.head.weight  # the same weights, not a copy
 
 

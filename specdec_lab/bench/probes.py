@@ -59,7 +59,7 @@ def profile_decode(target, context=100, steps=30, bandwidth=None) -> dict:
         target(tok, cache=cache, last_only=True)
         cache.rollback(context)
 
-    fused_applies = target.fast_rows is not None and target.fast_rows.logits(tok, None, cache, None, True) is not None
+    fused_applies = target.runner is not None and target.runner.logits(tok, None, cache, None, True) is not None
     if fused_applies:
         cache.rollback(context)
     with eager(target):

@@ -8,6 +8,9 @@ target's verdict. The engine calls, for one generation:
                                                  q (k', V) float32, or None: one-hot at the ids)
     drafter.commit(verdict, hidden)          after each step
 
+and, for a wrapper such as prompt lookup (drafters/lookup.py) around another drafter,
+`device`, `reset()` and `queue(tokens, hidden)`: the Drafter protocol below declares them all.
+
 `host_syncs` counts the host reads and host-to-device copies the drafter has made so far
 (an early stop reads q(d) per drafted token; prompt lookup copies its proposal to the device):
 the engine adds what a step added to the step's own one read, so what it reports is counted
@@ -62,9 +65,20 @@ class Verdict:
 
 
 class Drafter(Protocol):
+    """Everything the engine, or a drafter wrapping another (drafters.LookupDrafter), calls."""
     needs_hidden: bool
     host_syncs: int
     hidden_layers: tuple | None = None  # with needs_hidden: the target layers whose states it reads
+
+    @property
+    def device(self) -> torch.device: ...  # where its proposals live
+
+    def reset(self) -> None: ...  # forget the sequence (prefill does it too)
+
+    def queue(self, tokens: torch.Tensor, hidden: torch.Tensor | None = None) -> None:
+        """Committed tokens (n,) on the device that another drafter proposed and the target accepted,
+        with their target states where needs_hidden: fed with the next proposal (prompt lookup's
+        inner drafter is told of steps it did not draft)."""
 
     def prefill(self, prompt_ids: list, hidden: torch.Tensor | None = None) -> None: ...
 

@@ -22,7 +22,7 @@ import torch
 
 from .config import MAX_K, SamplingConfig
 from .drafter import Verdict
-from .kv_cache import KVCache
+from .kv_cache import KVCache, drop_rejected
 from .records import RunStats, StepRecord
 from .sampling import check_sampling_args, logits_to_probs, make_generator, sample
 from .text import encode_prompt
@@ -66,6 +66,13 @@ def check_token_ids(ids, vocab_size):
         raise ValueError(f"prompt token ids must be in [0, {vocab_size}), got min {min(ids)}, max {max(ids)}")
 
 
+def new_cache(model, capacity):
+    """The model's own kind of cache (Transformer.new_cache), or a KVCache for a model without one."""
+    if hasattr(model, "new_cache"):
+        return model.new_cache(capacity)
+    return KVCache.for_model(model.cfg, capacity, dtype=model.dtype, device=model.device)
+
+
 def _decode(tokenizer, tokens):
     return tokenizer.decode(tokens, skip_special_tokens=True) if tokenizer is not None else None
 
@@ -86,22 +93,18 @@ def _cut(tokens, budget, eos_ids):
 def autoregressive_generate(model, prompt, max_new_tokens=128, temperature=0.0, top_p=1.0, seed=None,
                             top_k=0, tokenizer=None, max_seq_len=None, cache=None):
     """The baseline: prefill, then one target forward and one sync per token. `cache`, when given,
-    is reset and reused (a compiled model keeps one cache, so its shapes never change); else a
-    cache is made for this call, of the engine's default capacity for a model with static shapes."""
+    is reset and reused; else the model makes one for this call (new_cache: a runner with fixed
+    shapes rounds it up to its one capacity)."""
     tokenizer = tokenizer or getattr(model, "tokenizer", None)
     check_generate_args(max_new_tokens, temperature, top_p, top_k)
     check_seed(seed)
     ids = encode_prompt(tokenizer, prompt)
     check_token_ids(ids, model.cfg.vocab_size)
-    static = getattr(model, "static_shapes", False)
-    capacity = cache.capacity if cache is not None else (
-        min(2048, model.cfg.max_seq_len) if static else len(ids) + max_new_tokens)
+    capacity = cache.capacity if cache is not None else len(ids) + max_new_tokens
     check_capacity(len(ids), max_new_tokens, 0, capacity, max_seq_len or model.cfg.max_seq_len)
     device, eos = model.device, model.cfg.eos_token_ids
     g = make_generator(seed, device)
-    if cache is None:
-        with torch.inference_mode(False):  # a normal tensor, like the engine's: compiled code is shared
-            cache = KVCache.for_model(model.cfg, capacity, dtype=model.dtype, device=device, static=static)
+    cache = cache if cache is not None else new_cache(model, capacity)
     cache.reset()
     stats, steps, out = RunStats(), [], []
     t0 = time.perf_counter()
@@ -142,9 +145,7 @@ class Engine:
         if verifier not in ("device", "reference") and not callable(verifier):
             raise ValueError(f"verifier must be 'device', 'reference' or a function like verify, got {verifier!r}")
         self.target, self.drafter, self.k, self.verifier = target, drafter, k, verifier
-        self.cache = cache if cache is not None else KVCache.for_model(
-            target.cfg, min(2048, target.cfg.max_seq_len), dtype=target.dtype, device=target.device,
-            static=getattr(target, "static_shapes", False))
+        self.cache = cache if cache is not None else new_cache(target, min(2048, target.cfg.max_seq_len))
         self.max_seq_len = min(self.cache.capacity, target.cfg.max_seq_len)
         self.tokenizer = tokenizer or getattr(target, "tokenizer", None)
         self.controller = None
@@ -183,10 +184,10 @@ class Engine:
         t_start = time.perf_counter()
         while len(out) < max_new_tokens:
             k_step = self.controller.next_k() if self.controller is not None else k
-            if not getattr(self.target, "static_shapes", False):  # never draft past the budget ...
+            if not getattr(self.target, "fixed_shapes", False):  # never draft past the budget ...
                 k_step = min(k_step, max_new_tokens - len(out) - 1)
-            # ... except with static shapes: there a smaller K would be one more graph to compile
-            # (for a few extra draft tokens at the very end, which _cut drops).
+            # ... except where every forward keeps one shape: a smaller K would be one more graph to
+            # compile (for a few extra draft tokens at the very end, which _cut drops).
             rec, c = self._step(c, k_step, sampling, g, len(steps))
             rec.committed = _cut(rec.drafted[:rec.num_accepted] + [rec.next_token], max_new_tokens - len(out), eos)
             out += rec.committed
@@ -226,7 +227,6 @@ class Engine:
 
         # 2. One target forward over [c, d_1..d_k]: p_1..p_{k+1} (the K+1 mask is the model's default).
         x = torch.cat([c, draft_ids]).view(1, k + 1)  # (1, K+1)
-        base = self.cache.length
         hidden = None
         if self.drafter.needs_hidden:
             final, hidden = self._target_states(x)
@@ -239,15 +239,16 @@ class Engine:
         p, u, e = target_draws(logits, sampling, k, g)
         loop_syncs = {"count": 0}  # the reference loop's own host reads
         if self.verifier == "reference":
-            verdict = verify_reference(draft_ids, p, q, u, e, greedy=sampling.greedy, syncs=loop_syncs)
+            decision = verify_reference(draft_ids, p, q, u, e, greedy=sampling.greedy, syncs=loop_syncs)
         else:
-            verdict = (verify if self.verifier == "device" else self.verifier)(draft_ids, p, q, u, e,
-                                                                               greedy=sampling.greedy)
-        r = read_step(pack_step(verdict, draft_ids, p, q, u, sampling.greedy), k, sampling.greedy)
+            decision = (verify if self.verifier == "device" else self.verifier)(draft_ids, p, q, u, e,
+                                                                                greedy=sampling.greedy)
+        # decision: the device tensor [n, next]; r: the host's reading of it, in the one sync
+        r = read_step(pack_step(decision, draft_ids, p, q, u, sampling.greedy), k, sampling.greedy)
 
         # 4. Commit: the target keeps c, d_1..d_n; the drafter hears the verdict; next becomes c.
-        self.cache.rollback(base + 1 + r.num_accepted)
-        nxt = verdict[1:2]  # (1,), still on the device
+        drop_rejected(self.cache, fed=k + 1, kept=r.num_accepted + 1)
+        nxt = decision[1:2]  # (1,), still on the device
         self.drafter.commit(Verdict(r.drafted, r.num_accepted, r.next_token, draft_ids, nxt), hidden)
         syncs = 1 + loop_syncs["count"] + self.drafter.host_syncs - drafter_syncs  # counted where they happen
         return StepRecord(step=step_index, k=k, drafted=r.drafted, num_accepted=r.num_accepted,

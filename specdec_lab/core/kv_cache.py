@@ -11,13 +11,12 @@ Capacity S must leave room for the K+1 verification window beyond the longest
 sequence the engine will commit; `reserve(T)` checks that before anything is
 written, so a failed append changes nothing.
 
-`static=True` keeps every forward's shapes fixed, as torch.compile and CUDA
-graphs need (gpt-fast's model.py does the same): `write_at` writes the new
-positions by index at `input_pos`, attention reads the whole capacity, and the
-mask rows are gathered from one (S, S) causal mask made here once. Slots past
-the committed length hold stale keys from rejected drafts; the mask hides them.
+Attention goes through the cache (`attend`): it writes the new positions and reads
+what it holds, so a cache of another layout (paged/, compiled/) plugs in unchanged.
 """
 import torch
+
+from .attention import grouped_attention
 
 
 class CacheOverflowError(ValueError):
@@ -26,7 +25,7 @@ class CacheOverflowError(ValueError):
 
 class KVCache:
     def __init__(self, n_layers, batch_size, n_kv_heads, capacity, head_dim,
-                 dtype=torch.float32, device="cpu", static=False):
+                 dtype=torch.float32, device="cpu"):
         for name, v in [("n_layers", n_layers), ("batch_size", batch_size),
                         ("n_kv_heads", n_kv_heads), ("capacity", capacity), ("head_dim", head_dim)]:
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:  # True is an int to Python
@@ -36,20 +35,10 @@ class KVCache:
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.capacity = capacity
         self.length = 0
-        self.static = bool(static)
-        # (S, S): row i allows columns 0..i. A forward at positions input_pos uses rows causal[input_pos].
-        self.causal = torch.ones(capacity, capacity, dtype=torch.bool, device=device).tril() if static else None
-        if static and self.k.device.type == "cuda":
-            # CUDA graphs replay fixed addresses: a graph may write these buffers in place only if they
-            # are marked as living at one address for good. torch has no public name for this yet;
-            # transformers' StaticCache uses the same function.
-            from torch._dynamo import mark_static_address
-            for t in (self.k, self.v, self.causal):
-                mark_static_address(t)
 
     @classmethod
-    def for_model(cls, cfg, capacity, batch_size=1, dtype=torch.float32, device="cpu", static=False):
-        return cls(cfg.n_layers, batch_size, cfg.n_kv_heads, capacity, cfg.head_dim, dtype, device, static)
+    def for_model(cls, cfg, capacity, batch_size=1, dtype=torch.float32, device="cpu"):
+        return cls(cfg.n_layers, batch_size, cfg.n_kv_heads, capacity, cfg.head_dim, dtype, device)
 
     @property
     def n_layers(self) -> int:
@@ -69,17 +58,10 @@ class KVCache:
         self.v[layer, :, :, self.length:end] = v
         return self.k[layer, :, :, :end], self.v[layer, :, :, :end]  # (B, Hkv, length+T, D)
 
-    def write_at(self, layer: int, k: torch.Tensor, v: torch.Tensor, input_pos: torch.Tensor):
-        """Static shapes: write one layer's new keys/values (B, Hkv, T, D) at positions input_pos (T,);
-        return that layer's whole buffers (B, Hkv, S, D). Reads no Python length, so a compiled
-        forward does not specialise on it."""
-        self.k[layer].index_copy_(2, input_pos, k)
-        self.v[layer].index_copy_(2, input_pos, v)
-        return self.k[layer], self.v[layer]
-
-    def mask_rows(self, input_pos: torch.Tensor) -> torch.Tensor:
-        """Static shapes: the boolean mask (1, 1, T, S) for new tokens at input_pos (True = attend)."""
-        return self.causal[input_pos].unsqueeze(0).unsqueeze(0)
+    def attend(self, layer, q, k, v, mask, input_pos=None):
+        """The model's attention read: write the new keys/values, attend over [0, length+T)."""
+        k, v = self.write_layer(layer, k, v)
+        return grouped_attention(q, k, v, mask)
 
     def advance(self, T: int):
         """Commit the T positions that the last forward wrote."""
@@ -96,3 +78,12 @@ class KVCache:
 
     def reset(self):
         self.length = 0
+
+
+def drop_rejected(cache, fed: int, kept: int):
+    """A forward fed `fed` positions into `cache`, and only its first `kept` stay: roll the rest back.
+    The engine keeps c, d_1..d_n of [c, d_1..d_k] (fed k + 1, kept n + 1); a draft keeps what the
+    target accepted of what it fed itself."""
+    if not 0 <= kept <= fed <= cache.length:
+        raise ValueError(f"need 0 <= kept <= fed <= length, got kept={kept}, fed={fed}, length={cache.length}")
+    cache.rollback(cache.length - fed + kept)

@@ -10,10 +10,12 @@ RMSNorm, rotary embeddings (with Llama-3 rope scaling), grouped-query attention
 with an explicit mask, and a SwiGLU MLP. q/k/v and gate/up are fused into one
 matmul each: fewer, larger products, which is what batch-1 decode wants.
 
-Nothing here is tuned for one processor. `cpu.accelerate(model)` makes the CPU
-fast from outside: it swaps `Linear` and `RMSNorm` for modules with the same
-interface, and sets `Transformer.fast_rows`, the one seam, to a forward over a
-few rows in one call (cpu/fused.py). `load_pair` applies it on the CPU.
+How a forward runs is answered in one place, `Transformer.runner`: None runs the
+eager code below; a runner installed from outside may take a forward over and return
+its result, or None to leave it to the eager code. `cpu.accelerate(model)` installs
+the CPU's one-call forward over a few rows (cpu/fused.py); `compiled.use_static_shapes`
+installs fixed shapes and torch.compile (compiled/). `model.forward_kind` names it.
+Keys and values go through the cache (`cache.attend`), whatever its layout.
 """
 import math
 
@@ -22,6 +24,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .config import ModelConfig
+from .attention import grouped_attention
+from .kv_cache import KVCache
 from .masks import verification_mask
 
 
@@ -144,34 +148,14 @@ class Attention(nn.Module):
         q = qk[:, :, :H].transpose(1, 2)  # (B, H, T, D)
         k = qk[:, :, H:].transpose(1, 2)  # (B, Hkv, T, D)
         v = qkv[:, :, H + Hkv:].transpose(1, 2)  # (B, Hkv, T, D)
-        if getattr(cache, "static", False):
-            k, v = cache.write_at(layer, k, v, input_pos)  # (B, Hkv, S, D): the whole capacity, one shape
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
-        elif cache is not None:
-            k, v = cache.write_layer(layer, k, v)  # (B, Hkv, L+T, D)
-            y = grouped_attention(q, k, v, mask)
+        if cache is not None:
+            y = cache.attend(layer, q, k, v, mask, input_pos)  # writes k, v; reads what the cache holds
         elif mask is None:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=T > 1, enable_gqa=True)  # training
         else:
             y = grouped_attention(q, k, v, mask)
         y = y.transpose(1, 2).reshape(B, T, H * D)  # (B, T, H*D)
         return self.wo(y)
-
-
-def grouped_attention(q, k, v, mask):
-    """softmax(q k^T / sqrt(D) + mask) v with H/Hkv query heads per key/value head.
-    q (B, H, T, D); k, v (B, Hkv, S, D); mask (B or 1, 1, T, S) additive or None.
-    Written out with two matmuls: for the few query tokens of decode and verification
-    on a CPU this beats the fused kernel, which is tuned for long queries."""
-    B, H, T, D = q.shape
-    Hkv, S = k.shape[1], k.shape[2]
-    G = H // Hkv
-    q = q.reshape(B, Hkv, G * T, D)  # (B, Hkv, G*T, D): head h uses key/value head h // G
-    scores = (q @ k.transpose(-1, -2)) * (1.0 / math.sqrt(D))  # (B, Hkv, G*T, S)
-    if mask is not None:
-        scores = (scores.view(B, Hkv, G, T, S) + mask.to(scores.dtype).unsqueeze(2)).view(B, Hkv, G * T, S)
-    y = scores.softmax(-1) @ v  # (B, Hkv, G*T, D)
-    return y.view(B, H, T, D)
 
 
 class MLP(nn.Module):
@@ -210,39 +194,29 @@ class Transformer(nn.Module):
         cos, sin = rope_table(cfg)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
-        # The seam for a faster forward over a few rows (cpu.accelerate sets it): an object with
-        # logits(tokens, input_pos, cache, mask, last_only) and hidden(..., embeds), each returning
-        # what this class returns, or None where it does not apply (the eager code below runs then).
-        self.fast_rows = None
-        # Static shapes (use_static_shapes): caches made for this model are static, and `compiled`,
-        # when set, is torch.compile of static_forward, used for the few-row forwards of decoding.
-        self.static_shapes = False
-        self.compiled = None
+        # The seam (see the module docstring): an object with `name`, logits(tokens, input_pos,
+        # cache, mask, last_only) and hidden(tokens, input_pos, cache, mask, embeds, layers), each
+        # returning what this class returns or None where it does not apply; optionally
+        # new_cache(capacity, batch_size) and `fixed_shapes`.
+        self.runner = None
 
-    def use_static_shapes(self, compile=False, mode=None):
-        """Run with fixed shapes from now on (gpt-fast's design): the engine, drafters and the
-        autoregressive baseline make static caches for this model. With compile=True the forwards
-        of up to COMPILED_ROWS rows after the prompt (decode, verification, the draft's step) go
-        through torch.compile; mode defaults to "reduce-overhead" (CUDA graphs) on CUDA and
-        inductor's default on the CPU. Each row count compiles once, on its first call."""
-        if mode is not None and mode not in COMPILE_MODES:
-            raise ValueError(f"mode must be None or one of {COMPILE_MODES}, got {mode!r}")
-        if self.fast_rows is not None:
-            raise ValueError("use_static_shapes needs a plain model, and this one has the CPU fast path "
-                             "(load_pair(..., accelerate=False) or cpu.unaccelerate(model) gives one)")
-        self.static_shapes = True
-        if compile:
-            mode = mode or ("reduce-overhead" if self.device.type == "cuda" else "default")
-            # Each (model, row count, cache shape) is one graph of the one function static_forward,
-            # and torch counts a function's graphs together against a limit of 8: a target and its
-            # draft at a few K pass it. torch has no public setting for it; fullgraph=True below
-            # turns reaching it into an error instead of a silent eager fallback.
-            import torch._dynamo.config as dynamo_config
-            dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, 64)
-            self.compiled = torch.compile(self.static_forward, mode=mode, dynamic=False, fullgraph=True)
-        else:
-            self.compiled = None
-        return self
+    @property
+    def forward_kind(self) -> str:
+        """Which forward runs: "eager", or the installed runner's name."""
+        return "eager" if self.runner is None else self.runner.name
+
+    @property
+    def fixed_shapes(self) -> bool:
+        """True when the installed runner needs every forward of a generation at one shape (so the
+        engine keeps K to the end of the budget instead of shortening the last steps)."""
+        return bool(getattr(self.runner, "fixed_shapes", False))
+
+    def new_cache(self, capacity, batch_size=1):
+        """An empty cache for this model: the installed runner's kind where it has one, else a KVCache."""
+        make = getattr(self.runner, "new_cache", None)
+        if make is not None:
+            return make(capacity, batch_size)
+        return KVCache.for_model(self.cfg, capacity, batch_size, dtype=self.dtype, device=self.device)
 
     @property
     def device(self):
@@ -258,13 +232,11 @@ class Transformer(nn.Module):
         return self.embed(tokens)
 
     def forward(self, tokens, input_pos=None, cache=None, mask=None, last_only=False):
-        if getattr(cache, "static", False):
-            return self._static(tokens, input_pos, cache, mask, None, True, last_only)
-        if self.fast_rows is not None:
-            logits = self.fast_rows.logits(tokens, input_pos, cache, mask, last_only)
+        if self.runner is not None:
+            logits = self.runner.logits(tokens, input_pos, cache, mask, last_only)
             if logits is not None:
                 return logits
-        x = self.hidden(tokens, input_pos, cache, mask)
+        x = self.eager_hidden(tokens, input_pos, cache, mask)
         if last_only:
             x = x[:, -1:]  # (B, 1, dim)
         return self.head(x).float()  # (B, T, V)
@@ -277,12 +249,16 @@ class Transformer(nn.Module):
         more of the target than its last layer (EAGLE-3, arXiv 2503.01840)."""
         if layers is not None:
             check_layers(layers, self.cfg.n_layers)
-        if getattr(cache, "static", False):
-            return self._static(tokens, input_pos, cache, mask, embeds, False, False, layers)
-        if self.fast_rows is not None and layers is None:  # the one-call path gives the last layer only
-            x = self.fast_rows.hidden(tokens, input_pos, cache, mask, embeds)
-            if x is not None:
-                return x
+        if self.runner is not None:
+            out = self.runner.hidden(tokens, input_pos, cache, mask, embeds, layers)
+            if out is not None:
+                return out
+        return self.eager_hidden(tokens, input_pos, cache, mask, embeds, layers)
+
+    def eager_hidden(self, tokens, input_pos=None, cache=None, mask=None, embeds=None, layers=None):
+        """`hidden` in plain PyTorch. input_pos: (T,) shared by every row, or (B, T); by default
+        the positions after the cache's length. With a cache and no mask, T > 1 rows get the
+        K+1 causal mask after the cache's length."""
         B, T = tokens.shape
         start = cache.length if cache is not None else 0
         if input_pos is None:
@@ -291,17 +267,18 @@ class Transformer(nn.Module):
             cache.reserve(T)  # raise before any layer writes
             if mask is None and T > 1:
                 mask = verification_mask(start, T, device=tokens.device, dtype=self.dtype)
-        x, taps = self._blocks(tokens, input_pos, cache, mask, embeds, layers)
+        x, taps = self.run_blocks(tokens, input_pos, cache, mask, embeds, layers)
         if cache is not None:
             cache.advance(T)
         return x if layers is None else (x, taps)
 
-    def _blocks(self, tokens, input_pos, cache, mask, embeds, layers):
+    def run_blocks(self, tokens, input_pos, cache, mask, embeds=None, layers=None):
         """The embeddings (or `embeds`) through every block and the final norm: the normalised
         states (B, T, dim), and with `layers` the residual stream after each of those layers,
-        concatenated (B, T, n * dim), else None. Shared by the eager and the static forward."""
-        cos = self.rope_cos[input_pos].to(self.dtype)[:, None]  # (T, 1, D): broadcast over heads
-        sin = self.rope_sin[input_pos].to(self.dtype)[:, None]  # (T, 1, D)
+        concatenated (B, T, n * dim), else None. Writes the cache; does not advance it. Shared by
+        the eager forward and the runners that keep the bookkeeping to themselves."""
+        cos = self.rope_cos[input_pos].to(self.dtype).unsqueeze(-2)  # (T, 1, D) or (B, T, 1, D): over heads
+        sin = self.rope_sin[input_pos].to(self.dtype).unsqueeze(-2)
         x = self.embed_tokens(tokens) if embeds is None else embeds  # (B, T, dim)
         taps = []
         for i, block in enumerate(self.layers):
@@ -309,40 +286,6 @@ class Transformer(nn.Module):
             if layers is not None and i in layers:
                 taps.append(x)
         return self.norm(x), (torch.cat(taps, -1) if layers is not None else None)
-
-    def _static(self, tokens, input_pos, cache, mask, embeds, head, last_only, layers=None):
-        """A forward over a static cache: the Python bookkeeping (the length, its check, the
-        positions) stays out here, so static_forward sees the same shapes at every step."""
-        T = tokens.shape[1]
-        start = cache.length
-        cache.reserve(T)  # raise before any layer writes
-        if input_pos is None:
-            input_pos = torch.arange(start, start + T, device=tokens.device)  # a kernel, not a copy
-        if mask is not None:  # an explicit (B, 1, T, L+T) mask: extend it over the whole capacity
-            mask = F.pad(mask.to(self.dtype), (0, cache.capacity - mask.shape[-1]), value=float("-inf"))
-        if self.compiled is not None and start > 0 and embeds is None and mask is None and T <= COMPILED_ROWS:
-            # CUDA graphs replay into the same output buffer each call: the clone keeps this one.
-            out = self.compiled(tokens, input_pos, cache, None, None, head, last_only, layers)
-            out = out.clone() if layers is None else tuple(o.clone() for o in out)
-        else:
-            out = self.static_forward(tokens, input_pos, cache, mask, embeds, head, last_only, layers)
-        cache.advance(T)
-        return out
-
-    def static_forward(self, tokens, input_pos, cache, mask=None, embeds=None, head=True, last_only=False,
-                       layers=None):
-        """The fixed-shape forward that torch.compile traces: logits (B, T or 1, V) with head=True,
-        else the normalised hidden states (B, T, dim), and with `layers` (head=False) also the
-        chosen layers' states as `hidden` gives them. Writes the cache at input_pos; does not
-        advance it."""
-        if mask is None:
-            mask = cache.mask_rows(input_pos)  # (1, 1, T, S) boolean, gathered from one mask
-        x, taps = self._blocks(tokens, input_pos, cache, mask, embeds, layers)
-        if not head:
-            return x if layers is None else (x, taps)  # (B, T, dim), (B, T, n * dim)
-        if last_only:
-            x = x[:, -1:]  # (B, 1, dim)
-        return self.head(x).float()
 
 
 def check_layers(layers, n_layers):
@@ -352,12 +295,6 @@ def check_layers(layers, n_layers):
             and list(layers) == sorted(set(layers)) and 0 <= layers[0] and layers[-1] < n_layers):
         raise ValueError(f"layers must be a non-empty increasing tuple of layer indices in [0, {n_layers}), "
                          f"got {layers!r}")
-
-
-# Forwards of up to this many rows after the prompt are compiled: decode (1), the draft's first
-# step after a fully accepted one (2) and verification (K + 1). The prompt's prefill runs uncompiled.
-COMPILED_ROWS = 9
-COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
 def init_weights(model: Transformer, seed: int = 0, std: float = 0.02) -> Transformer:

@@ -2,8 +2,8 @@
 
 As gpt-fast quantises by swapping modules and compiles at its entry point, nothing in
 core/model.py knows about any of this. `accelerate` swaps every `Linear` and `RMSNorm` for
-its fast twin (linear.py: the same Parameters, no copy) and sets the model's `fast_rows`
-seam to a forward over a few rows in one call (fused.FusedRows). Where the kernel library
+its fast twin (linear.py: the same Parameters, no copy) and installs, as the model's `runner`,
+a forward over a few rows in one call (fused.FusedRows). Where the kernel library
 did not build, or the model is not float32 on the CPU, only what applies is done; the
 outputs are the eager model's to rounding either way. `eager(model)` undoes it for the
 length of a `with` block, to compare the two side by side.
@@ -28,7 +28,7 @@ WEIGHTS = ("float32", "float16")
 
 
 def _check(model, weights, fused, packed):
-    if not (hasattr(model, "layers") and hasattr(model, "fast_rows")):
+    if not (hasattr(model, "layers") and hasattr(model, "runner")):
         raise TypeError(f"model must be a specdec_lab Transformer, got {type(model).__name__}")
     if weights not in WEIGHTS:
         raise ValueError(f"weights must be one of {WEIGHTS}, got {weights!r}")
@@ -43,6 +43,8 @@ def accelerate(model, weights="float32", fused=True, packed=True):
     stream from memory at every token; where the library lacks it, float32). `fused=False`: no
     one-call forward; `packed=False`: no oneDNN prepacking (what each costs: bench --profile)."""
     _check(model, weights, fused, packed)
+    if model.runner is not None and not isinstance(model.runner, FusedRows):
+        raise ValueError(f"accelerate needs a plain model, and this one runs {model.forward_kind!r}")
     if model.device.type != "cpu":
         return model
     for module in list(model.modules()):
@@ -53,7 +55,7 @@ def accelerate(model, weights="float32", fused=True, packed=True):
                 setattr(module, name, FastRMSNorm(child))
     if weights == "float16" and not FusedForward.supports(model, "float16"):
         weights = "float32"
-    model.fast_rows = FusedRows(model, weights) if fused and FusedForward.supports(model, weights) else None
+    model.runner = FusedRows(model, weights) if fused and FusedForward.supports(model, weights) else None
     return model
 
 
@@ -68,7 +70,7 @@ def accelerated(model, weights="float32", fused=True, packed=True):
 
 
 def is_accelerated(model) -> bool:
-    return model.fast_rows is not None or any(isinstance(m, (FastLinear, FastRMSNorm)) for m in model.modules())
+    return isinstance(model.runner, FusedRows) or any(isinstance(m, (FastLinear, FastRMSNorm)) for m in model.modules())
 
 
 def unaccelerate(model):
@@ -85,14 +87,15 @@ def unaccelerate(model):
                 torch.nn.Module.__init__(plain)
                 plain.eps, plain.weight = child.eps, child.weight
                 setattr(module, name, plain)
-    model.fast_rows = None
+    if isinstance(model.runner, FusedRows):
+        model.runner = None
     return model
 
 
 @contextmanager
 def eager(model):
     """The plain PyTorch forward inside the block; the model as it was afterwards."""
-    rows = model.fast_rows
+    rows = model.runner if isinstance(model.runner, FusedRows) else None
     swapped = {n: type(m) for n, m in model.named_modules() if isinstance(m, (FastLinear, FastRMSNorm))}
     packed = next((m.packed for m in model.modules() if isinstance(m, FastLinear)), True)
     unaccelerate(model)

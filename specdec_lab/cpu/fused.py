@@ -2,7 +2,7 @@
 
 FusedForward runs decode's one token or verification's K+1 rows through every layer
 in one ctypes call; OneTokenDecoder feeds it one row at a time into a fixed cache;
-FusedRows is what `accelerate` puts in a Transformer's `fast_rows` seam, so that the
+FusedRows is what `accelerate` installs as a Transformer's `runner` (the seam of core/model.py), so that the
 model's own forward takes the one call wherever it applies and its eager code elsewhere.
 """
 import ctypes
@@ -221,9 +221,11 @@ class OneTokenDecoder:
 
 
 class FusedRows:
-    """The `fast_rows` seam of a Transformer (core/model.py): its forward through FusedForward where
+    """The `runner` seam of a Transformer (core/model.py): its forward through FusedForward where
     that applies (batch 1, 1..MAX_ROWS tokens, a contiguous float32 cache, the default causal mask
     and positions, nothing to differentiate), None elsewhere, so the model runs its eager code."""
+
+    name = "cpu-fused"
 
     def __init__(self, model, weights="float32"):
         self.model, self.weights = model, weights
@@ -255,8 +257,8 @@ class FusedRows:
         y = self._run(tokens, cache, None, head=True)  # (T, V)
         return (y[-1:] if last_only else y).float().unsqueeze(0)  # (1, T or 1, V)
 
-    def hidden(self, tokens, input_pos, cache, mask, embeds):
-        if not self._applies(tokens, input_pos, cache, mask, embeds):
+    def hidden(self, tokens, input_pos, cache, mask, embeds, layers=None):
+        if layers is not None or not self._applies(tokens, input_pos, cache, mask, embeds):
             return None
         self._run(tokens, cache, embeds, head=False)
         return self.fused.hidden_states().clone().unsqueeze(0)  # (1, T, dim)

@@ -29,7 +29,6 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
-from ..core.kv_cache import KVCache
 from ..core.model import Linear, check_layers
 from .feature import FeatureDraft, FeatureDrafter, save_feature_draft
 
@@ -78,7 +77,7 @@ class Eagle3Drafter(FeatureDrafter):
     (rows, layers * dim), fused on arrival; the cache and the pending rows are FeatureDrafter's.
     The fusion is device work: the host syncs per step are FeatureDrafter's."""
 
-    def __init__(self, model: Eagle3Draft, capacity, cache_factory=KVCache.for_model, stop_below=None):
+    def __init__(self, model: Eagle3Draft, capacity, cache_factory=None, stop_below=None):
         super().__init__(model, capacity, cache_factory, stop_below)
         self.hidden_layers = model.hidden_layers
 

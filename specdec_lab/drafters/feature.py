@@ -38,7 +38,7 @@ from safetensors.torch import load_file, save_file
 
 from ..core.config import cache_dir
 from ..core.drafter import Verdict
-from ..core.kv_cache import KVCache
+from ..core.kv_cache import drop_rejected
 from ..core.model import Linear, RMSNorm, Transformer, VocabSubsetHead, init_weights
 from ..core.sampling import draft_token
 
@@ -105,12 +105,14 @@ class FeatureDrafter:
     """
     needs_hidden = True
 
-    def __init__(self, model: FeatureDraft, capacity, cache_factory=KVCache.for_model, stop_below=None):
+    def __init__(self, model: FeatureDraft, capacity, cache_factory=None, stop_below=None):
         if stop_below is not None and (isinstance(stop_below, bool) or not isinstance(stop_below, (int, float))
                                        or not 0.0 < stop_below < 1.0):
             raise ValueError(f"stop_below must be None or a number in (0, 1), got {stop_below!r}")
         self.model, self.stop_below = model, stop_below  # as ModelDrafter's: stop after an unsure token
-        self.cache = cache_factory(model.body.cfg, capacity, dtype=model.dtype, device=model.device)
+        # cache_factory (cfg, capacity, dtype=, device=) -> a cache; None: the body's own (new_cache)
+        self.cache = model.body.new_cache(capacity) if cache_factory is None else cache_factory(
+            model.body.cfg, capacity, dtype=model.dtype, device=model.device)
         self.host_syncs = 0
         self.reset()
 
@@ -172,8 +174,8 @@ class FeatureDrafter:
         (estimated states); pend d_1..d_n and the next token with the target's true states."""
         k, n = verdict.k, verdict.num_accepted
         if k > 0 and len(self.pending_tokens):  # k is what was proposed, after any early stop
-            fed = len(self.pending_tokens) + k - 1
-            self.cache.rollback(self.cache.length - fed + len(self.pending_tokens))
+            pending = len(self.pending_tokens)  # keep the pending entries, drop d_1..d_{k-1}'s
+            drop_rejected(self.cache, fed=pending + k - 1, kept=pending)
             self.pending_tokens, self.pending_feats = self.pending_tokens[:0], []
         self.pending_tokens = torch.cat([self.pending_tokens, verdict.committed_ids(self.model.device)])
         self.pending_feats = self.pending_feats + list(hidden[:n + 1])

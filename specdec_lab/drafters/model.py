@@ -11,7 +11,7 @@ chapter 03 shows it, and docs/design.md lists it among the pitfalls.)
 import torch
 
 from ..core.drafter import Verdict
-from ..core.kv_cache import KVCache
+from ..core.kv_cache import drop_rejected
 from ..core.sampling import draft_token
 
 class ModelDrafter:
@@ -27,13 +27,14 @@ class ModelDrafter:
     """
     needs_hidden = False
 
-    def __init__(self, model, capacity, cache_factory=KVCache.for_model, stop_below=None):
+    def __init__(self, model, capacity, cache_factory=None, stop_below=None):
         if stop_below is not None and (isinstance(stop_below, bool) or not isinstance(stop_below, (int, float))
                                        or not 0.0 < stop_below < 1.0):
             raise ValueError(f"stop_below must be None or a number in (0, 1), got {stop_below!r}")
         self.model, self.stop_below = model, stop_below
-        static = {"static": True} if getattr(model, "static_shapes", False) else {}  # fixed shapes for compile
-        self.cache = cache_factory(model.cfg, capacity, dtype=model.dtype, device=model.device, **static)
+        # cache_factory (cfg, capacity, dtype=, device=) -> a cache; None: the model's own (new_cache)
+        self.cache = model.new_cache(capacity) if cache_factory is None else cache_factory(
+            model.cfg, capacity, dtype=model.dtype, device=model.device)
         self.host_syncs = 0  # host reads and copies so far (the early stop's)
         self.reset()
 
@@ -85,7 +86,7 @@ class ModelDrafter:
         if k == 0:
             self.pending = torch.cat([self.pending, committed])
         elif n < k:  # the cache holds pending + d_1..d_{k-1}; keep pending + d_1..d_n
-            self.cache.rollback(self.cache.length - (k - 1) + n)
+            drop_rejected(self.cache, fed=k - 1, kept=n)
             self.pending = committed[-1:]
         else:
             self.pending = committed[-2:]  # d_k, next: d_k was never fed to the draft

@@ -75,18 +75,26 @@ def ensure_gguf() -> Path:
     return out
 
 
+def cached_default_target() -> Path | None:
+    """The default target's converted folder where set-up has made it complete, else None; never
+    fetches anything (a machine that reaches no package index asks this first)."""
+    folder = cache_dir() / TARGET_NAME
+    try:
+        info = json.loads((folder / "COMPLETE").read_text())
+        if info.get("gguf_sha256") == GGUF_SHA256 and \
+                (folder / "model.safetensors").stat().st_size == info["safetensors_bytes"]:
+            return folder
+    except (OSError, ValueError, KeyError):
+        pass
+    return None
+
+
 def ensure_default_target() -> Path:
     """A Hugging Face folder (config.json, model.safetensors, tokenizer) of the default target."""
     folder = cache_dir() / TARGET_NAME
     marker = folder / "COMPLETE"
-    if marker.exists():
-        try:
-            info = json.loads(marker.read_text())
-            if info.get("gguf_sha256") == GGUF_SHA256 and \
-                    (folder / "model.safetensors").stat().st_size == info["safetensors_bytes"]:
-                return folder
-        except (OSError, ValueError, KeyError):
-            pass
+    if cached_default_target() is not None:
+        return folder
     gguf = ensure_gguf()
     print("converting the gguf to safetensors once (about 15 s) ...", file=sys.stderr)
     tmp = folder.with_name(folder.name + ".partial")

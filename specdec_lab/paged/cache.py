@@ -29,6 +29,7 @@ D head dim, N blocks in the pool, P tokens per block.
 """
 import torch
 
+from ..core.attention import grouped_attention
 from ..core.kv_cache import CacheOverflowError
 from .allocator import BlockAllocator, PoolExhaustedError, _check_int, blocks_for  # noqa: F401
 
@@ -181,8 +182,8 @@ class PagedKVCache:
 class PagedSequenceCache:
     """One paged sequence behind the decoder's cache interface (that of KVCache, B = 1).
 
-    `Transformer.forward` calls reserve(T), then write_layer per layer, then
-    advance(T). Blocks are allocated in reserve (or in write_layer, if reserve was
+    `Transformer.forward` calls reserve(T), then attend (write_layer and the read) per
+    layer, then advance(T). Blocks are allocated in reserve (or in write_layer, if reserve was
     skipped), so a reserve that fails changes nothing. The cache keeps a (block,
     offset) row index for every position its table covers, extended only when a
     block is added, so a decode step runs no Python loop over tokens. Unlike KVCache,
@@ -257,6 +258,11 @@ class PagedSequenceCache:
         k_all = kr.index_select(0, rows).view(1, Hkv, end, D)  # (1, Hkv, length+T, D)
         v_all = vr.index_select(0, rows).view(1, Hkv, end, D)  # (1, Hkv, length+T, D)
         return k_all, v_all
+
+    def attend(self, layer, q, k, v, mask, input_pos=None):
+        """The model's attention read, as KVCache's: write the new positions, attend over them all."""
+        k, v = self.write_layer(layer, k, v)
+        return grouped_attention(q, k, v, mask)
 
     def advance(self, T: int):
         """Commit the T positions that the last forward wrote."""

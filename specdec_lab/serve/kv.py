@@ -28,7 +28,7 @@ L layers, R sequence slots, N blocks, P tokens per block, Hkv key/value heads, D
 import torch
 
 from ..core.kv_cache import CacheOverflowError
-from ..core.model import grouped_attention
+from ..core.attention import grouped_attention
 from ..paged import BlockAllocator, PoolExhaustedError, blocks_for
 
 

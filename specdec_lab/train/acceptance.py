@@ -36,7 +36,6 @@ from ..analysis.timing import Clock
 from ..api import SpeculativeEngine, autoregressive_generate, make_drafter
 from ..core.config import SamplingConfig
 from ..core.drafter import Verdict
-from ..core.kv_cache import KVCache
 from ..core.sampling import logits_to_probs, make_generator
 
 
@@ -94,20 +93,25 @@ class StepCosts:
 
 
 @torch.inference_mode()
-def measure_step_costs(target, draft, ks, context=128, reps=20, warmup=3) -> StepCosts:
+def measure_step_costs(target, draft, ks, context=128, reps=20, warmup=3, caches=None) -> StepCosts:
     """Median forward times at `context` cached positions, every kind timed once per
-    round so that drift of the machine hits all alike. Each forward is rolled back.
+    round so that drift of the machine hits all alike. Each forward is rolled back. `caches`
+    {"target": cache, "draft": cache} reuses caches (a compiled model's graphs then see the
+    engine's); else each model makes its own (new_cache: with fixed shapes, the runner's capacity).
     With draft None only the target is timed (draft_forward is then 0)."""
     device, clock = target.device, Clock(target.device)
     kmax = max(ks, default=1)
     models = (target,) if draft is None else (target, draft)
-    caches = {id(m): KVCache.for_model(m.cfg, context + kmax + 2, dtype=m.dtype, device=m.device,
-                                       static=getattr(m, "static_shapes", False)) for m in models}
+    given = caches or {}
+    caches = {id(m): given.get(name) or m.new_cache(context + kmax + 2) for name, m in zip(("target", "draft"), models)}
+    for c in caches.values():
+        c.reset()
     prefix = torch.zeros(1, context, dtype=torch.long, device=device)  # (1, context)
     for m in models:
         m(prefix, cache=caches[id(m)], last_only=True)
     def forward(m, T, last_only=False):
-        return lambda: m(prefix[:, :T], cache=caches[id(m)], last_only=last_only)  # (1, T) tokens
+        x = prefix[:, :T].clone(memory_format=torch.contiguous_format)  # (1, T), the strides a fresh tensor has
+        return lambda: m(x, cache=caches[id(m)], last_only=last_only)
 
     kinds = [("target", target, forward(target, 1))]
     if draft is not None:  # the draft is timed as ModelDrafter runs it

@@ -33,6 +33,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from ..core.attention import grouped_attention
 from ..core.config import cache_dir
 from ..core.kv_cache import KVCache
 from ..drafters.eagle3 import (Eagle3Draft, default_hidden_layers, is_eagle3_folder, load_eagle3_draft,
@@ -49,9 +50,8 @@ from .prompts import is_held_out
 
 class UnrollKeys:
     """The keys and values of the passes so far, per layer, in the cache interface that attention
-    calls (write_layer, reserve, advance, length). Concatenated rather than written in place, so
+    calls (reserve, attend, advance, length). Concatenated rather than written in place, so
     autograd keeps every pass: a later pass's loss reaches the earlier passes through their keys."""
-    static = False
 
     def __init__(self, n_layers):
         self.k, self.v, self.length = [None] * n_layers, [None] * n_layers, 0
@@ -65,6 +65,10 @@ class UnrollKeys:
             k, v = torch.cat([self.k[layer], k], 2), torch.cat([self.v[layer], v], 2)
         self.k[layer], self.v[layer] = k, v
         return k, v
+
+    def attend(self, layer, q, k, v, mask, input_pos=None):
+        k, v = self.write_layer(layer, k, v)
+        return grouped_attention(q, k, v, mask)
 
     def advance(self, T):
         self.length += T
