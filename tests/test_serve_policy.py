@@ -109,3 +109,10 @@ def test_measured_step_costs_cover_the_grid_and_drive_the_server():
     h = server.submit([4, 5, 6], max_new_tokens=12)
     assert h.result().tokens == sl.autoregressive_generate(target, [4, 5, 6], max_new_tokens=12).tokens
     assert policy.history, "the server asks the policy each step"
+
+
+def test_a_noisy_cost_that_says_more_tokens_are_cheaper_is_not_believed():
+    costs = _costs(lambda b, k: 1.0 + 0.5 * k)
+    costs[(8, 3)] = 0.5  # a lucky measurement
+    policy = GoodputPolicy(costs, k_max=4, alpha=0.4)
+    assert policy.cost(8, 3) == pytest.approx(2.0) and policy.cost(8, 4) == pytest.approx(3.0)

@@ -91,9 +91,14 @@ class GoodputPolicy:
         return self.accepted / (self.accepted + self.rejected)
 
     def cost(self, batch_size: int, k: int) -> float:
+        """The step cost at this batch size and K: interpolated over batch sizes, and never below the
+        cost at a smaller K (more tokens cannot be cheaper; a noisy measurement can say they are)."""
+        return max(self._interpolated(batch_size, kk) for kk in range(k + 1))
+
+    def _interpolated(self, batch_size: int, k: int) -> float:
         sizes = sorted(b for b, kk in self.costs if kk == k)
         if not sizes:
-            return float("inf")
+            return 0.0  # not measured: the smaller K's cost stands
         if batch_size <= sizes[0]:
             return self.costs[(sizes[0], k)]  # below the table: no cheaper than its smallest batch
         if batch_size >= sizes[-1]:
