@@ -254,6 +254,9 @@ def add_bench_parser(sub):
                    help="only batched speculative decoding under load (serve.Server): closed loop at batch "
                         "1, 2, 4, 8, 16 for plain batched decoding, fixed K, a per-batch-size schedule and the "
                         "goodput policy, and a Poisson open loop, with and without speculation")
+    b.add_argument("--serve-equality", action="store_true",
+                   help="only greedy answers through serve.Server (a batch of 8, arrivals midway) against batch-1 "
+                        "decoding, on the benchmark and the hand-written prompts")
     b.add_argument("--caches", action="store_true",
                    help="only compare the contiguous and the paged KV cache on the same decode")
     b.add_argument("--policies", action="store_true",

@@ -39,3 +39,11 @@ def test_the_serve_bench_document_has_every_system_at_every_batch_size():
     assert all(v > 0 for v in doc["target_forward_seconds"].values())
     assert set(doc["open_loop"]["goodput"]) == {"2.0"}
     assert "closed loop" in format_serve(doc) and "open loop" in format_serve(doc)
+
+
+def test_greedy_equality_counts_identical_answers_against_batch_1_decoding():
+    from specdec_lab.bench.serve import greedy_equality
+    target, draft = _pair()
+    doc = greedy_equality(target, draft, [[1, 2, 3], [4, 5], [6, 7, 8, 9], [10]], max_batch=2, max_new_tokens=8,
+                          log=lambda s: None)
+    assert doc["prompts"] == 4 and doc["identical"] == 4 and doc["differences"] == []

@@ -25,11 +25,13 @@ from dataclasses import dataclass
 import torch
 
 from ..analysis.roofline import batch_speedup
+from ..core.engine import autoregressive_generate
 from ..analysis.timing import measure_matmul_flops, measure_memory_bandwidth
 from ..core.text import encode_prompt
 from ..serve import BatchEngine, GoodputPolicy, KSchedule, Server, measure_step_costs
 from ..serve.engine import make_sequence
 from ..serve.forward import hidden
+from .run import first_difference
 
 SYSTEMS = ("plain", "fixed", "schedule", "goodput")
 
@@ -225,3 +227,26 @@ def format_serve(doc) -> str:
                  f", {doc['open_loop'][s][rate]['tokens_per_second']:.1f}" for s in doc["open_loop"]]
         lines.append(f"  {rate:>5}/s: " + "; ".join(cells))
     return "\n".join(lines)
+
+
+@torch.inference_mode()
+def greedy_equality(target, draft, prompt_texts, max_batch=8, max_new_tokens=48, k=4, log=print) -> dict:
+    """Every prompt through one Server (greedy, K = k), a third of them arriving while earlier ones
+    run and leave, against its batch-1 autoregressive decode: the share of identical answers and,
+    where one differs, the target's logit gap at the first difference (bench.run.first_difference)."""
+    prompts = [encode_prompt(getattr(target, "tokenizer", None), p) for p in prompt_texts]
+    server = Server(target, draft, max_batch=max_batch, k=k, max_seq_len=1024)
+    handles = []
+    for i, x in enumerate(prompts):
+        handles.append(server.submit(x, max_new_tokens=max_new_tokens))
+        if i % 3 == 2:
+            server.step()  # arrivals midway
+    server.run_until_idle()
+    log(f"{server.steps} batched steps; the batch-1 references ...")
+    differences = []
+    for x, h in zip(prompts, handles):
+        reference = autoregressive_generate(target, x, max_new_tokens=max_new_tokens).tokens
+        if h.result().tokens != reference:
+            differences.append(first_difference(target, x, reference, h.result().tokens))
+    return {"prompts": len(prompts), "identical": len(prompts) - len(differences), "max_batch": max_batch,
+            "max_new_tokens": max_new_tokens, "k": k, "differences": differences}
