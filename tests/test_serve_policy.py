@@ -108,7 +108,7 @@ def test_measured_step_costs_cover_the_grid_and_drive_the_server():
     server = Server(target, draft, max_batch=2, block_size=4, max_seq_len=128, k=policy)
     h = server.submit([4, 5, 6], max_new_tokens=12)
     assert h.result().tokens == sl.autoregressive_generate(target, [4, 5, 6], max_new_tokens=12).tokens
-    assert policy.history, "the server asks the policy each step"
+    assert server.k_history and all(k in (0, 1, 2) for _, k in server.k_history), "the policy's K each step"
 
 
 def test_a_noisy_cost_that_says_more_tokens_are_cheaper_is_not_believed():

@@ -164,7 +164,7 @@ def run_serve_bench(target, draft, prompt_texts, cfg=ServeBenchConfig(), log=pri
                 server = _server(target, draft, system, B, costs, cfg)
                 run = closed_loop(server, prompts, B, cfg.requests_per_client, cfg.max_new_tokens)
                 if system == "goodput":
-                    run["k_choices"] = sorted(set(k for _, k in server.k.history))
+                    run["k_choices"] = sorted(set(k for _, k in server.k_history))
                 best = closed[system].get(B)
                 if best is None or run["tokens_per_second"] > best["tokens_per_second"]:
                     closed[system][B] = run

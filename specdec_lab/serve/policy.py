@@ -84,7 +84,6 @@ class GoodputPolicy:
         self.costs = dict(costs)
         self.k_max, self.decay, self.cost_decay = k_max, decay, cost_decay
         self.accepted, self.rejected = alpha * prior_weight, (1.0 - alpha) * prior_weight
-        self.history = []  # (batch_size, k) per k_for call
 
     @property
     def alpha(self) -> float:
@@ -114,9 +113,8 @@ class GoodputPolicy:
         return batch_size * expected_tokens(self.alpha, k) / self.cost(batch_size, k)
 
     def k_for(self, batch_size: int) -> int:
-        k = max(range(self.k_max + 1), key=lambda kk: (self.goodput(batch_size, kk), -kk))
-        self.history.append((batch_size, k))
-        return k
+        """The K with the highest goodput (the smaller on a tie)."""
+        return max(range(self.k_max + 1), key=lambda kk: (self.goodput(batch_size, kk), -kk))
 
     def observe(self, record):
         """Hear a BatchRecord: the verdicts update alpha, the step's time its cost entry."""

@@ -132,6 +132,8 @@ class Server:
         self.finished: list[Handle] = []
         self.steps = 0
         self.preemptions = 0
+        self.k_history: list[tuple[int, int]] = []  # (batch size, the policy's K) per step
+        self.k_now = 0
         self._next_id = 0
 
     # -- requests ------------------------------------------------------------------
@@ -201,6 +203,7 @@ class Server:
             rows = [h.seq for h in self.running]
             record = self.engine.step(rows)
             self.steps += 1
+            self.k_history.append((len(rows), self.k_now))
             if not isinstance(self.k, int):
                 self.k.observe(record)
             self._deliver(record)
@@ -218,11 +221,12 @@ class Server:
     def _k_for(self, batch_size) -> int:
         return self.k if isinstance(self.k, int) else self.k.k_for(max(batch_size, 1))
 
-    def _set_k(self):
+    def _set_k(self) -> int:
         """Each running row's K this step: the policy's for this batch size, capped by the request."""
         k = self._k_for(len(self.running))
         for h in self.running:
             h.seq.k = min(k, h.k_cap)
+        return k
 
     def _step_blocks(self, h, k):
         """Blocks (target, draft) running request h needs for one step at draft length k."""
@@ -256,16 +260,23 @@ class Server:
             h = self.waiting.popleft()
             free_t, free_d = free_t - need_t, free_d - need_d
             admitted.append(h)
-        if admitted:
-            self.engine.prefill([h.seq for h in admitted])
+        if not admitted:
+            return
+        try:
+            self.engine.prefill([h.seq for h in admitted])  # releases what it took if it fails
+        except Exception as err:  # nothing of these requests runs; each ends with the error
             for h in admitted:
-                h.status = "running"
-            self.running += admitted
+                h.status, h.error = "failed", err
+                self._retire(h, release=False)
+            return
+        for h in admitted:
+            h.status = "running"
+        self.running += admitted
 
     def _fit_memory(self):
         """Preempt from the back (the last admitted) until this step's new positions fit."""
         while True:
-            self._set_k()
+            self.k_now = self._set_k()
             needs = [self._step_blocks(h, h.seq.k) for h in self.running]
             free_t, free_d = self._free()
             if sum(n[0] for n in needs) <= free_t and sum(n[1] for n in needs) <= free_d:
