@@ -254,6 +254,9 @@ def add_bench_parser(sub):
                    help="only batched speculative decoding under load (serve.Server): closed loop at batch "
                         "1, 2, 4, 8, 16 for plain batched decoding, fixed K, a per-batch-size schedule and the "
                         "goodput policy, and a Poisson open loop, with and without speculation")
+    b.add_argument("--rounds", type=int, help="--serve: requests each closed-loop client sends (default 2)")
+    b.add_argument("--rates", help="--serve: open-loop request rates per second, a comma list (default 0.5,1,2; "
+                   "empty: no open loop)")
     b.add_argument("--serve-equality", action="store_true",
                    help="only greedy answers through serve.Server (a batch of 8, arrivals midway) against batch-1 "
                         "decoding, on the benchmark and the hand-written prompts")

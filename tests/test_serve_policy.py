@@ -68,12 +68,6 @@ def test_alpha_is_estimated_from_the_verdicts():
     assert policy.alpha == pytest.approx(0.7, abs=0.02)
 
 
-def test_the_cost_table_follows_the_steps_it_sees():
-    policy = GoodputPolicy(_costs(lambda b, k: 1.0), k_max=2, cost_decay=0.5)
-    policy.observe(_record([2, 2], [1, 1], seconds=3.0))
-    assert policy.costs[(2, 2)] == pytest.approx(2.0)
-
-
 def test_bad_policies_are_refused():
     with pytest.raises(ValueError, match="k = 0"):
         GoodputPolicy({(1, 2): 1.0})

@@ -51,6 +51,10 @@ def bench_main(args, out=print, err=None):
         cfg = ServeBenchConfig(**(QUICK_SERVE if args.quick else {}))
         if args.max_new_tokens is not None:
             cfg.max_new_tokens = args.max_new_tokens
+        if getattr(args, "rounds", None) is not None:
+            cfg.requests_per_client = args.rounds
+        if getattr(args, "rates", None) is not None:
+            cfg.rates = parse_list(args.rates, float, "--rates")
         target, draft, _, _ = load_systems_models(args, device, dtype, False, err)
         prompts = BENCH_PROMPTS[:args.prompts] if args.prompts else BENCH_PROMPTS
         doc = run_serve_bench(target, draft, prompts, cfg, log=err)

@@ -220,8 +220,9 @@ def format_serve(doc) -> str:
         f"{key}: {1e3 * v:.0f}" for key, v in doc["step_costs"].items()))
     lines.append("target forward ms by batch and tokens per row: " + ", ".join(
         f"{key}: {1e3 * v:.0f}" for key, v in doc["target_forward_seconds"].items()))
-    lines.append(f"open loop ({cfg['open_requests']} Poisson requests, max batch {cfg['open_max_batch']}): "
-                 "rate -> p50 / p99 latency s, tokens/s")
+    if cfg["rates"]:
+        lines.append(f"open loop ({cfg['open_requests']} Poisson requests, max batch {cfg['open_max_batch']}): "
+                     "rate -> p50 / p99 latency s, tokens/s")
     for rate in map(str, cfg["rates"]):
         cells = [f"{s} {doc['open_loop'][s][rate]['latency_p50']:.2f} / {doc['open_loop'][s][rate]['latency_p99']:.2f}"
                  f", {doc['open_loop'][s][rate]['tokens_per_second']:.1f}" for s in doc["open_loop"]]

@@ -11,8 +11,10 @@ past some batch size speculation loses. Two ways to turn K down:
 - `GoodputPolicy` (SmartSpec, arXiv 2406.14066): each step, the K in [0, k_max] that maximises
   goodput, the expected tokens committed per second,
         goodput(B, K) = B * (1 - alpha^(K+1)) / (1 - alpha) / step_seconds(B, K),
-  from a table of measured step costs by row count and K (`measure_step_costs`, kept current
-  from every step the server runs) and a running estimate of alpha. K = 0 gives B / cost(B, 0),
+  from a table of measured step costs by row count and K (`measure_step_costs`: the fastest of a
+  few real steps) and a running estimate of alpha. The table is not updated from the steps the
+  server runs: those are typical times, the table's are best times, and mixing them would make
+  whichever K ran lately look dearer than the others. K = 0 gives B / cost(B, 0),
   plain batched decoding, so the policy leaves speculation only where the table says it pays.
 
 alpha is estimated from the verdicts: a row that drafts k tokens and accepts n saw n
@@ -71,9 +73,9 @@ class GoodputPolicy:
     costs: {(batch_size, k): seconds of one step}, measured (measure_step_costs); a batch size
     between two measured ones is interpolated linearly, beyond them the nearest is used.
     alpha: the starting estimate, worth `prior_weight` drafted positions; `decay` forgets old
-    verdicts (per step). `cost_decay`: how fast the table follows the steps the server runs."""
+    verdicts (per step)."""
 
-    def __init__(self, costs, k_max=4, alpha=0.5, prior_weight=20.0, decay=0.99, cost_decay=0.9):
+    def __init__(self, costs, k_max=4, alpha=0.5, prior_weight=20.0, decay=0.99):
         _check_int("k_max", k_max, 0, MAX_K)
         if not costs or not all(isinstance(b, int) and isinstance(k, int) and s > 0 for (b, k), s in costs.items()):
             raise ValueError("costs must map (batch_size, k) int pairs to positive seconds")
@@ -82,7 +84,7 @@ class GoodputPolicy:
         if not 0.0 <= alpha < 1.0:
             raise ValueError(f"alpha must be in [0, 1), got {alpha!r}")
         self.costs = dict(costs)
-        self.k_max, self.decay, self.cost_decay = k_max, decay, cost_decay
+        self.k_max, self.decay = k_max, decay
         self.accepted, self.rejected = alpha * prior_weight, (1.0 - alpha) * prior_weight
 
     @property
@@ -117,17 +119,13 @@ class GoodputPolicy:
         return max(range(self.k_max + 1), key=lambda kk: (self.goodput(batch_size, kk), -kk))
 
     def observe(self, record):
-        """Hear a BatchRecord: the verdicts update alpha, the step's time its cost entry."""
+        """Hear a BatchRecord: its verdicts update alpha."""
         self.accepted *= self.decay
         self.rejected *= self.decay
         for r in record.rows:
             if r.k > 0:
                 self.accepted += r.num_accepted
                 self.rejected += r.num_accepted < r.k
-        key = (record.batch_size, record.k_max)
-        if key in self.costs and all(r.k == record.k_max for r in record.rows):
-            seconds = record.draft_seconds + record.target_seconds
-            self.costs[key] = self.cost_decay * self.costs[key] + (1 - self.cost_decay) * seconds
 
 
 @torch.inference_mode()
