@@ -250,6 +250,16 @@ def add_bench_parser(sub):
     b.add_argument("--synthetic", metavar="PRESET", choices=["llama3-8b", "smollm2-1.7b"],
                    help="GPU only: random-weight models of real shapes (llama3-8b: Llama-3-8B with a "
                         "Llama-3.2-1B draft); step costs, c, bandwidth fraction, syncs per step")
+    b.add_argument("--serve", action="store_true",
+                   help="only batched speculative decoding under load (serve.Server): closed loop at batch "
+                        "1, 2, 4, 8, 16 for plain batched decoding, fixed K, a per-batch-size schedule and the "
+                        "goodput policy, and a Poisson open loop, with and without speculation")
+    b.add_argument("--rounds", type=int, help="--serve: requests each closed-loop client sends (default 2)")
+    b.add_argument("--rates", help="--serve: open-loop request rates per second, a comma list (default 0.5,1,2; "
+                   "empty: no open loop)")
+    b.add_argument("--serve-equality", action="store_true",
+                   help="only greedy answers through serve.Server (a batch of 8, arrivals midway) against batch-1 "
+                        "decoding, on the benchmark and the hand-written prompts")
     b.add_argument("--caches", action="store_true",
                    help="only compare the contiguous and the paged KV cache on the same decode")
     b.add_argument("--policies", action="store_true",

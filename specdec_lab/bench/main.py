@@ -14,12 +14,14 @@ from ..drafters.feature import find_feature_draft_dir
 from ..io.assets import ensure_default_target
 from ..io.pair import default_draft_dir, load_model_cached
 from ..io.weights import load_draft, load_hf_causal_lm, load_hf_model
+from ..train.handwritten import HANDWRITTEN_PROMPTS
 from ..train.prompts import BENCH_PROMPTS
 from .gpu import cuda_syncs_per_step, run_synthetic
 from .probes import (compare_caches, compare_kernels, compare_policies, format_kernels, format_policies,
                      format_profile, profile_decode)
 from .report import format_synthetic, format_table
 from .run import QUICK, BenchConfig, run_bench
+from .serve import QUICK_SERVE, ServeBenchConfig, format_serve, greedy_equality, run_serve_bench
 
 
 def parse_list(text, kind, name):
@@ -45,7 +47,26 @@ def bench_main(args, out=print, err=None):
         if getattr(args, probe, False) and device.type != "cpu":
             raise ValueError(f"--{probe} measures the CPU kernels and the CPU forward; on {device} use the "
                              f"default bench (it reports c, v_K and the bandwidth fraction) or --synthetic")
-    if getattr(args, "caches", False):
+    if getattr(args, "serve", False):
+        cfg = ServeBenchConfig(**(QUICK_SERVE if args.quick else {}))
+        if args.max_new_tokens is not None:
+            cfg.max_new_tokens = args.max_new_tokens
+        if getattr(args, "rounds", None) is not None:
+            cfg.requests_per_client = args.rounds
+        if getattr(args, "rates", None) is not None:
+            cfg.rates = parse_list(args.rates, float, "--rates")
+        target, draft, _, _ = load_systems_models(args, device, dtype, False, err)
+        prompts = BENCH_PROMPTS[:args.prompts] if args.prompts else BENCH_PROMPTS
+        doc = run_serve_bench(target, draft, prompts, cfg, log=err)
+        text = format_serve(doc)
+    elif getattr(args, "serve_equality", False):
+        target, draft, _, _ = load_systems_models(args, device, dtype, False, err)
+        prompts = BENCH_PROMPTS + HANDWRITTEN_PROMPTS
+        doc = greedy_equality(target, draft, prompts[:args.prompts] if args.prompts else prompts,
+                              max_new_tokens=args.max_new_tokens or 48, log=err)
+        text = (f"greedy, batch of up to {doc['max_batch']} with arrivals midway, K = {doc['k']}: {doc['identical']} "
+                f"of {doc['prompts']} answers identical to batch-1 decoding; first differences: {doc['differences']}")
+    elif getattr(args, "caches", False):
         cfg = BenchConfig(**{**(QUICK if args.quick else {}), **_overrides(args)})
         target, draft, _, _ = load_systems_models(args, device, dtype, False, err)
         doc = compare_caches(target, draft, cfg.prompts(), max_new_tokens=cfg.max_new_tokens)

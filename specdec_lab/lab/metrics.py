@@ -123,3 +123,95 @@ def serve_metrics(exporter_or_registry, port: int, host: str = "127.0.0.1") -> M
                          f"got {type(exporter_or_registry).__name__}")
     server, thread = start_http_server(port, addr=host, registry=registry)
     return MetricsServer(server, thread, host)
+
+
+# Rows per batched step: powers of two up to 128.
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+# Tokens per request: drafted, accepted, generated.
+TOKEN_BUCKETS = (1, 4, 16, 64, 256, 1024, 4096)
+
+
+class ServerExporter(PrometheusExporter):
+    """The exporter for a serve.Server: every metric above, counted over the batch, and the
+    batch's own (vLLM's names where vLLM has them; docs/metrics.md).
+
+    exporter = ServerExporter(); server = Server(target, draft, on_batch=exporter.on_batch)
+
+    Per step: one target forward, so `specdec_steps` counts batched steps and the latency
+    histograms observe the step's shared phases; tokens drafted and accepted add up over the rows.
+    Per request, when it ends: time to first token (from submit), time per output token
+    (after the first), end-to-end latency, and its generated, drafted and accepted tokens."""
+
+    def __init__(self, registry=None, prefix: str = "specdec", ema_decay: float = 0.9,
+                 buckets: tuple = LATENCY_BUCKETS):
+        super().__init__(registry, prefix, ema_decay, buckets)
+        r, p = self.registry, prefix
+        self.running = Gauge(f"{p}_num_requests_running", "Requests in the batch", registry=r)
+        self.waiting = Gauge(f"{p}_num_requests_waiting", "Requests waiting for admission (preempted ones included)",
+                             registry=r)
+        self.batch_size = Histogram(f"{p}_batch_size", "Rows in each batched step", buckets=BATCH_BUCKETS, registry=r)
+        self.speculation_off = Counter(f"{p}_steps_speculation_off", "Batched steps in which no row drafted (K = 0)",
+                                       registry=r)
+        self.preemptions = Counter(f"{p}_num_preemptions", "Requests preempted (recomputed) when the block pool "
+                                   "ran out", registry=r)
+        self.requests = Counter(f"{p}_requests_finished", "Requests that ended, by reason", ["finished_reason"],
+                                registry=r)
+        self.ttft = Histogram(f"{p}_time_to_first_token_seconds", "From submit to the first generated token",
+                              buckets=buckets, registry=r)
+        self.tpot = Histogram(f"{p}_time_per_output_token_seconds", "A request's time per output token after its "
+                              "first", buckets=buckets, registry=r)
+        self.e2e = Histogram(f"{p}_e2e_request_latency_seconds", "From submit to the request's end",
+                             buckets=buckets, registry=r)
+        self.request_generated = Histogram(f"{p}_request_generation_tokens", "Tokens a request generated",
+                                           buckets=TOKEN_BUCKETS, registry=r)
+        self.request_drafted = Histogram(f"{p}_request_draft_tokens", "Draft tokens verified for a request",
+                                         buckets=TOKEN_BUCKETS, registry=r)
+        self.request_accepted = Histogram(f"{p}_request_accepted_tokens", "Draft tokens accepted for a request",
+                                          buckets=TOKEN_BUCKETS, registry=r)
+        self._seen_finished = 0
+        self._seen_preemptions = 0
+
+    def on_batch(self, server, record):
+        """The Server's hook: on_batch(server, BatchRecord), after each step."""
+        self.steps.inc()
+        self.host_syncs.inc(record.syncs)
+        self.target_latency.observe(record.target_seconds)
+        self.batch_size.observe(record.batch_size)
+        self.draft_k.set(record.k_max)
+        drafted = sum(r.k for r in record.rows)
+        accepted = sum(r.num_accepted for r in record.rows)
+        self.tokens_generated.inc(sum(len(r.committed) for r in record.rows))
+        if drafted == 0:
+            self.speculation_off.inc()
+        else:
+            self.draft_latency.observe(record.draft_seconds)
+            self.tokens_drafted.inc(drafted)
+            self.tokens_accepted.inc(accepted)
+            self.share_ratio.update(accepted, drafted)
+            self.accepted_share_ema.set(self.share_ratio.value)
+        for r in record.rows:
+            if r.k > 0:
+                self.drafts.inc()
+                for i in range(r.num_accepted):
+                    self.accepted_per_position.labels(position=str(i)).inc()
+        self.running.set(len(server.running))
+        self.waiting.set(len(server.waiting))
+        self.preemptions.inc(server.preemptions - self._seen_preemptions)
+        self._seen_preemptions = server.preemptions
+        for h in server.finished[self._seen_finished:]:
+            self._finished(h)
+        self._seen_finished = len(server.finished)
+
+    def _finished(self, h):
+        reason = "cancelled" if h.status == "cancelled" else "failed" if h.status == "failed" else (
+            "eos" if h.seq.output and h.seq.output[-1] in h.seq.eos_ids else "length")
+        self.requests.labels(finished_reason=reason).inc()
+        self.e2e.observe(h.finish_time - h.submit_time)
+        out = h.seq.output
+        if h.first_token_time is not None:
+            self.ttft.observe(h.first_token_time - h.submit_time)
+            if len(out) > 1:
+                self.tpot.observe((h.finish_time - h.first_token_time) / (len(out) - 1))
+        self.request_generated.observe(len(out))
+        self.request_drafted.observe(sum(r.k for r in h.seq.steps))
+        self.request_accepted.observe(sum(r.num_accepted for r in h.seq.steps))

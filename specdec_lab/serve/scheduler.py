@@ -1,0 +1,314 @@
+"""Continuous batching: requests come and go at step boundaries, and speculation runs over the batch.
+
+    server = Server(target, draft, max_batch=8)
+    a = server.submit("Why is the sky blue?", max_new_tokens=64, temperature=0.7, seed=1)
+    b = server.submit([1, 2, 3], max_new_tokens=16, on_step=lambda handle, new: print(new))
+    for new in a.stream(): ...        # the new tokens of each step, stepping the server as needed
+    b.result()                        # steps until b is done: a Completion (tokens, text, reason)
+    server.run_until_idle()
+
+The shape of nano-vllm's scheduler: two queues, `waiting` and `running`. Each `step()`:
+  1. retire cancelled requests (their blocks go back to the pool at once);
+  2. admit waiting requests, first come first served, while the batch has room (max_batch)
+     and the pools have the blocks for their context and their first step, and prefill them;
+  3. choose each row's K (the policy, capped by the request's own k), and make sure the pools
+     can hold this step's new positions: if not, preempt the last admitted running request
+     (vLLM's recompute: its blocks are freed, it goes back to the front of `waiting` keeping its
+     tokens and its generator, and on readmission it reads its prompt and output again);
+  4. one batched speculative step (engine.BatchEngine.step);
+  5. stream each row's new tokens to its callback; a callback that raises fails its own
+     request only; retire rows at EOS or their budget and free their blocks at once.
+Bad input to `submit` raises ValueError there and leaves the server unchanged. Every admitted
+request ends finished, cancelled or failed with its error, and then holds no block.
+"""
+import time
+from collections import deque
+from dataclasses import dataclass
+
+import torch
+
+from ..core.config import MAX_K, SamplingConfig
+from ..core.engine import check_generate_args, check_seed, check_token_ids
+from ..core.sampling import make_generator
+from ..core.text import encode_prompt
+from ..paged import blocks_for
+from .engine import BatchEngine, Sequence
+from .verify import verify_batch
+
+
+class RequestFailed(RuntimeError):
+    """A request ended with an error (its callback raised); the others ran on."""
+
+
+@dataclass
+class Completion:
+    tokens: list  # generated ids
+    text: str | None  # decoded, when the server has a tokenizer
+    finish_reason: str  # "eos", "length" or "cancelled"
+    steps: list  # StepRecord per step this request took part in
+    preemptions: int  # times it was preempted and recomputed
+
+
+class Handle:
+    """A submitted request: its state, its tokens so far, and ways to wait for it."""
+
+    def __init__(self, server, request_id, seq, on_step, k_cap):
+        self.server, self.id, self.seq, self.on_step = server, request_id, seq, on_step
+        self.k_cap = k_cap  # the request's own largest K (the server's policy chooses below it)
+        self.status = "waiting"  # waiting | running | finished | cancelled | failed
+        self.error = None
+        self.preemptions = 0
+        self.first_token_time = None  # perf_counter seconds of the first generated token
+        self.submit_time = None
+        self.finish_time = None
+
+    @property
+    def tokens(self) -> list:
+        return list(self.seq.output)
+
+    @property
+    def done(self) -> bool:
+        return self.status in ("finished", "cancelled", "failed")
+
+    def cancel(self):
+        """Stop this request; its blocks are freed at once (or at the end of the step in progress)."""
+        if not self.done:
+            self.server._cancel(self)
+
+    def stream(self):
+        """Yield the new tokens of each step (lists), stepping the server until this request is done."""
+        seen = 0
+        while True:
+            out = self.seq.output
+            if len(out) > seen:
+                yield list(out[seen:])
+                seen = len(out)
+            if self.done:
+                break
+            self.server.step()
+        if self.status == "failed":
+            raise RequestFailed(f"request {self.id} failed: {self.error!r}") from self.error
+
+    def result(self) -> Completion:
+        """Step the server until this request is done; its Completion, or RequestFailed."""
+        while not self.done:
+            self.server.step()
+        if self.status == "failed":
+            raise RequestFailed(f"request {self.id} failed: {self.error!r}") from self.error
+        out = self.seq.output
+        if self.status == "cancelled":
+            reason = "cancelled"
+        else:
+            reason = "eos" if out and out[-1] in self.seq.eos_ids else "length"
+        text = self.server.tokenizer.decode(out, skip_special_tokens=True) if self.server.tokenizer else None
+        return Completion(list(out), text, reason, list(self.seq.steps), self.preemptions)
+
+
+class Server:
+    """Continuous batching over a BatchEngine (paged memory). `k`: the draft length, an int for
+    every step, or a policy (policy.py) with k_for(batch_size) and observe(record); 0 or no draft
+    is plain batched decoding. `num_blocks` per model's pool; `on_batch(server, record)` hears
+    every step (the metrics exporter's hook)."""
+
+    def __init__(self, target, draft=None, max_batch=8, num_blocks=None, block_size=16, max_seq_len=2048, k=4,
+                 tokenizer=None, on_batch=None, verifier=verify_batch):
+        for name, v, lo in (("max_batch", max_batch, 1), ("block_size", block_size, 1), ("max_seq_len", max_seq_len, 2)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+                raise ValueError(f"{name} must be an int >= {lo}, got {v!r}")
+        max_seq_len = min(max_seq_len, target.cfg.max_seq_len)
+        if num_blocks is None:
+            num_blocks = max_batch * blocks_for(max_seq_len, block_size)
+        if isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks < 1:
+            raise ValueError(f"num_blocks must be an int >= 1, got {num_blocks!r}")
+        if isinstance(k, bool) or not (isinstance(k, int) and 0 <= k <= MAX_K or hasattr(k, "k_for")):
+            raise ValueError(f"k must be an int in [0, {MAX_K}] or a policy with k_for(batch_size), got {k!r}")
+        self.engine = BatchEngine(target, draft, "paged", num_blocks, block_size, max_seq_len=max_seq_len,
+                                  verifier=verifier)
+        self.max_batch, self.block_size, self.k = max_batch, block_size, k
+        self.tokenizer = tokenizer or getattr(target, "tokenizer", None)
+        self.on_batch = on_batch
+        self.waiting: deque[Handle] = deque()
+        self.running: list[Handle] = []
+        self.finished: list[Handle] = []
+        self.steps = 0
+        self.preemptions = 0
+        self.k_history: list[tuple[int, int]] = []  # (batch size, the policy's K) per step
+        self.k_now = 0
+        self._next_id = 0
+
+    # -- requests ------------------------------------------------------------------
+
+    def submit(self, prompt, max_new_tokens=64, temperature=0.0, top_p=1.0, top_k=0, seed=None, k=None,
+               on_step=None) -> Handle:
+        """Queue a request; bad input raises ValueError here and queues nothing."""
+        target = self.engine.target
+        ids = encode_prompt(self.tokenizer, prompt)
+        check_token_ids(ids, target.cfg.vocab_size)
+        check_generate_args(max_new_tokens, temperature, top_p, top_k)
+        check_seed(seed)
+        if k is not None and (isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= MAX_K):
+            raise ValueError(f"k must be None (the server's) or an int in [0, {MAX_K}], got {k!r}")
+        if on_step is not None and not callable(on_step):
+            raise ValueError(f"on_step must be None or a function (handle, new_tokens), got {on_step!r}")
+        need = len(ids) + max_new_tokens + MAX_K + 1
+        if need > self.engine.max_seq_len:
+            raise ValueError(f"prompt ({len(ids)} tokens) + max_new_tokens ({max_new_tokens}) + lookahead "
+                             f"({MAX_K + 1}) = {need} exceeds max_seq_len {self.engine.max_seq_len}")
+        pool = self.engine.target_kv.num_blocks
+        if blocks_for(need, self.block_size) > pool:
+            raise ValueError(f"max_new_tokens ({max_new_tokens}): the request needs up to "
+                             f"{blocks_for(need, self.block_size)} blocks alone, the pool has {pool}")
+        seq = Sequence(ids, SamplingConfig(temperature, top_k, top_p), make_generator(seed, target.device),
+                       max_new_tokens, tuple(target.cfg.eos_token_ids))
+        handle = Handle(self, self._next_id, seq, on_step, MAX_K if k is None else k)
+        self._next_id += 1
+        handle.submit_time = _now()
+        self.waiting.append(handle)
+        return handle
+
+    def _cancel(self, handle):
+        handle.status = "cancelled"
+        if handle in self.waiting:
+            self.waiting.remove(handle)
+            self._retire(handle, release=False)
+        elif not self._in_step:
+            self._retire(handle)
+
+    @property
+    def idle(self) -> bool:
+        return not self.waiting and not self.running
+
+    def run_until_idle(self, max_steps=None):
+        """Step until no request waits or runs; returns the number of steps taken."""
+        n = 0
+        while not self.idle and (max_steps is None or n < max_steps):
+            self.step()
+            n += 1
+        return n
+
+    # -- the loop ------------------------------------------------------------------
+
+    _in_step = False
+
+    def step(self):
+        """One scheduling step (module docstring). Returns the BatchRecord, or None when idle."""
+        for h in [h for h in self.running if h.status == "cancelled"]:
+            self._retire(h)
+        self._admit()
+        if not self.running:
+            return None
+        self._fit_memory()
+        self._in_step = True
+        try:
+            rows = [h.seq for h in self.running]
+            record = self.engine.step(rows)
+            self.steps += 1
+            self.k_history.append((len(rows), self.k_now))
+            if not isinstance(self.k, int):
+                self.k.observe(record)
+            self._deliver(record)
+        finally:
+            self._in_step = False
+        for h in list(self.running):
+            if h.status in ("cancelled", "failed") or h.seq.finished:
+                if h.status == "running":
+                    h.status = "finished"
+                self._retire(h)
+        if self.on_batch is not None:
+            self.on_batch(self, record)
+        return record
+
+    def _k_for(self, batch_size) -> int:
+        return self.k if isinstance(self.k, int) else self.k.k_for(max(batch_size, 1))
+
+    def _set_k(self) -> int:
+        """Each running row's K this step: the policy's for this batch size, capped by the request."""
+        k = self._k_for(len(self.running))
+        for h in self.running:
+            h.seq.k = min(k, h.k_cap)
+        return k
+
+    def _step_blocks(self, h, k):
+        """Blocks (target, draft) running request h needs for one step at draft length k."""
+        eng, s = self.engine, h.seq
+        k = eng.step_k(s, min(k, h.k_cap))
+        target = eng.target_kv.blocks_to_grow(s.seq_id, k + 1)
+        draft = eng.draft_kv.blocks_to_grow(s.seq_id, len(s.pending) + k - 1) if k and eng.draft_kv else 0
+        return target, draft
+
+    def _admission_blocks(self, h, k):
+        """Blocks a waiting request needs to be prefilled and take its first step at draft length k."""
+        k = self.engine.step_k(h.seq, min(k, h.k_cap))
+        n = blocks_for(len(h.seq.context) + k + 1, self.block_size)
+        return n, (n if self.engine.draft_kv is not None else 0)
+
+    def _free(self):
+        eng = self.engine
+        return eng.target_kv.free_blocks, (eng.draft_kv.free_blocks if eng.draft_kv is not None else 0)
+
+    def _admit(self):
+        k = self._k_for(len(self.running) + 1)
+        growth = [self._step_blocks(h, k) for h in self.running]
+        free_t, free_d = self._free()
+        free_t -= sum(g[0] for g in growth)
+        free_d -= sum(g[1] for g in growth)
+        admitted = []
+        while self.waiting and len(self.running) + len(admitted) < self.max_batch:
+            need_t, need_d = self._admission_blocks(self.waiting[0], k)
+            if need_t > free_t or need_d > free_d:
+                break
+            h = self.waiting.popleft()
+            free_t, free_d = free_t - need_t, free_d - need_d
+            admitted.append(h)
+        if not admitted:
+            return
+        try:
+            self.engine.prefill([h.seq for h in admitted])  # releases what it took if it fails
+        except Exception as err:  # nothing of these requests runs; each ends with the error
+            for h in admitted:
+                h.status, h.error = "failed", err
+                self._retire(h, release=False)
+            return
+        for h in admitted:
+            h.status = "running"
+        self.running += admitted
+
+    def _fit_memory(self):
+        """Preempt from the back (the last admitted) until this step's new positions fit."""
+        while True:
+            self.k_now = self._set_k()
+            needs = [self._step_blocks(h, h.seq.k) for h in self.running]
+            free_t, free_d = self._free()
+            if sum(n[0] for n in needs) <= free_t and sum(n[1] for n in needs) <= free_d:
+                return
+            if len(self.running) == 1:
+                raise RuntimeError("the pool cannot hold one request's step; submit checks prevent this")
+            victim = self.running.pop()
+            self.engine.release([victim.seq])
+            victim.status, victim.preemptions = "waiting", victim.preemptions + 1
+            self.preemptions += 1
+            self.waiting.appendleft(victim)
+
+    def _deliver(self, record):
+        now = _now()
+        for h, row in zip(self.running, record.rows):
+            if row.committed and h.first_token_time is None:
+                h.first_token_time = now
+            if h.on_step is None or not row.committed:
+                continue
+            try:
+                h.on_step(h, list(row.committed))
+            except Exception as err:  # the callback's failure is its request's, not the server's
+                h.status, h.error = "failed", err
+
+    def _retire(self, h, release=True):
+        if release:
+            self.engine.release([h.seq])
+            if h in self.running:
+                self.running.remove(h)
+        h.finish_time = _now()
+        self.finished.append(h)
+
+
+def _now() -> float:
+    return time.perf_counter()

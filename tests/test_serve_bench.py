@@ -1,0 +1,49 @@
+"""bench --serve on tiny models: the closed and open loops, the document and its table."""
+import json
+
+import specdec_lab as sl
+from specdec_lab.bench.serve import (QUICK_SERVE, SYSTEMS, ServeBenchConfig, closed_loop, format_serve, open_loop,
+                                     run_serve_bench)
+from specdec_lab.serve import Server
+
+
+def _pair():
+    return sl.tiny_model(0, eos_token_ids=()), sl.tiny_model(1, n_layers=1)
+
+
+def test_the_closed_loop_keeps_its_clients_busy_until_every_request_is_done():
+    target, draft = _pair()
+    server = Server(target, draft, max_batch=2, k=2, max_seq_len=128)
+    seen = []
+    server.on_batch = lambda s, rec: seen.append(rec.batch_size)
+    r = closed_loop(server, [[1, 2, 3], [4, 5]], clients=2, requests_per_client=3, max_new_tokens=6)
+    assert r["tokens"] == 6 * 6 and r["tokens_per_second"] > 0
+    assert max(seen) == 2 and seen.count(2) > len(seen) // 2, "two requests in flight most of the time"
+
+
+def test_the_open_loop_serves_a_seeded_poisson_stream():
+    target, draft = _pair()
+    r = open_loop(Server(target, draft, max_batch=4, k=2, max_seq_len=128), [[1, 2, 3]], rate=50.0, n=5,
+                  max_new_tokens=5, seed=0)
+    assert r["tokens"] == 25 and 0 < r["latency_p50"] <= r["latency_p99"]
+
+
+def test_the_serve_bench_document_has_every_system_at_every_batch_size():
+    target, draft = _pair()
+    cfg = ServeBenchConfig(**QUICK_SERVE)
+    doc = json.loads(json.dumps(run_serve_bench(target, draft, [[1, 2, 3], [7, 8, 9, 10]], cfg, log=lambda s: None)))
+    for s in SYSTEMS:
+        assert set(doc["closed_loop"][s]) == {"1", "2"}
+    assert doc["throughput_over_plain"]["plain"]["1"] == 1.0
+    assert set(doc["step_costs"]) == {f"{b},{k}" for b in (1, 2) for k in (0, 1, 2)}
+    assert all(v > 0 for v in doc["target_forward_seconds"].values())
+    assert set(doc["open_loop"]["goodput"]) == {"2.0"}
+    assert "closed loop" in format_serve(doc) and "open loop" in format_serve(doc)
+
+
+def test_greedy_equality_counts_identical_answers_against_batch_1_decoding():
+    from specdec_lab.bench.serve import greedy_equality
+    target, draft = _pair()
+    doc = greedy_equality(target, draft, [[1, 2, 3], [4, 5], [6, 7, 8, 9], [10]], max_batch=2, max_new_tokens=8,
+                          log=lambda s: None)
+    assert doc["prompts"] == 4 and doc["identical"] == 4 and doc["differences"] == []
