@@ -1,8 +1,8 @@
 """The figure of `bench --serve`'s JSON document: throughput over plain batched decoding against
 batch size for each system, and open-loop p50 / p99 latency against request rate.
 
-    python -m specdec_lab bench --serve --threads 1 | tail -n 1 > docs/bench_serve.json
-    python scripts/bench_serve_figure.py docs/bench_serve.json --out docs/bench_serve.png
+    python -m specdec_lab bench --serve --threads 1 | tail -n 1 > docs/serve_load.json
+    python scripts/bench_serve_figure.py docs/serve_load.json --out docs/serve_load.png
 """
 import argparse
 import json

@@ -1,6 +1,6 @@
 """Token trees against the chain, side by side in one run on the default pair (docs/benchmarks.md).
 
-    OMP_NUM_THREADS=1 python scripts/bench_tree.py [--prompts 8] [--max-new-tokens 64] [--out docs/bench_tree.json]
+    OMP_NUM_THREADS=1 python scripts/bench_tree.py [--prompts 8] [--max-new-tokens 64] [--out docs/tree_vs_chain.json]
 
 Systems, all with the shipped draft and one torch thread: the chain engine (K=2, 3 and 4, the CPU's
 fused verification), the same chain through the tree engine ((1, 1, 1, 1): the tree's masked, eager
@@ -61,7 +61,7 @@ def figure(doc, names):
     for key, label in (("target_chain", "target, chain mask (fused)"), ("target_tree", "target, tree mask (eager)")):
         fig.add_trace(go.Scatter(x=costs["rows"], y=[1e3 * s for s in costs[key]], name=label, mode="lines+markers"),
                       1, 3)
-    fig.update_layout(title="Token trees against chains on this CPU (docs/bench_tree.json)", height=450, width=1300)
+    fig.update_layout(title="Token trees against chains on this CPU (docs/tree_vs_chain.json)", height=450, width=1300)
     return fig
 
 
@@ -70,7 +70,7 @@ def main():
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 0.7])
-    ap.add_argument("--out", default="docs/bench_tree.json", help="writes OUT and, with --png, OUT's .png")
+    ap.add_argument("--out", default="docs/tree_vs_chain.json", help="writes OUT and, with --png, OUT's .png")
     ap.add_argument("--png", action="store_true", help="draw the figure (needs Chromium, as the chapters do)")
     args = ap.parse_args()
     torch.set_num_threads(1)
