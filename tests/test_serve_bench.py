@@ -2,8 +2,8 @@
 import json
 
 import specdec_lab as sl
-from specdec_lab.bench.serve import (QUICK_SERVE, SYSTEMS, ServeBenchConfig, closed_loop, format_serve, open_loop,
-                                     run_serve_bench)
+from specdec_lab.bench.serve import (QUICK_SERVE, ServeBenchConfig, closed_loop, format_serve, open_loop,
+                                     run_serve_bench, systems)
 from specdec_lab.serve import Server
 
 
@@ -32,9 +32,18 @@ def test_the_serve_bench_document_has_every_system_at_every_batch_size():
     target, draft = _pair()
     cfg = ServeBenchConfig(**QUICK_SERVE)
     doc = json.loads(json.dumps(run_serve_bench(target, draft, [[1, 2, 3], [7, 8, 9, 10]], cfg, log=lambda s: None)))
-    for s in SYSTEMS:
+    assert systems(cfg) == ("plain", "fixed_1", "fixed_2", "schedule", "goodput")
+    for s in systems(cfg):
         assert set(doc["closed_loop"][s]) == {"1", "2"}
+        assert all(len(doc["closed_loop_runs"][s][b]) == cfg.reps for b in ("1", "2"))
     assert doc["throughput_over_plain"]["plain"]["1"] == 1.0
+    for b in ("1", "2"):  # the best fixed K is the fixed system of the highest ratio, and goodput is read against it
+        best = doc["best_fixed"][b]
+        assert doc["throughput_over_plain"][best][b] == max(doc["throughput_over_plain"][s][b] for s in ("fixed_1", "fixed_2"))
+        assert abs(doc["goodput_vs_best_fixed"][b] * doc["throughput_over_plain"][best][b]
+                   - doc["throughput_over_plain"]["goodput"][b]) < 1e-9
+        assert 0.0 <= doc["noise"][b] < 1.0
+    assert doc["crossover_batch_measured"] == doc["crossover_by_system"]["fixed_2"]
     assert set(doc["step_costs"]) == {f"{b},{k}" for b in (1, 2) for k in (0, 1, 2)}
     assert all(v > 0 for v in doc["target_forward_seconds"].values())
     assert set(doc["open_loop"]["goodput"]) == {"2.0"}

@@ -2,14 +2,16 @@
 
 Systems (all greedy, one Server each, the same prompts):
   plain     plain batched decoding: no draft, K = 0
-  fixed     speculation at a fixed K for every row
+  fixed_K   speculation at a fixed K for every row, for each K in `fixed_ks`
   schedule  K by batch size from a table (serve.KSchedule; vLLM's per-batch-size ranges)
   goodput   K per step from the measured step costs and a running alpha (serve.GoodputPolicy)
 
 Closed loop: B clients, each submitting its next request when the last one ends, until
 `requests_per_client` x B requests are done; throughput is generated tokens over the wall time,
 latency is each request's submit-to-end time. Systems run in rotating order at each B, `reps`
-times, and each system's fastest run is kept (on a shared machine noise only adds time).
+times, and each system's fastest run is kept (on a shared machine noise only adds time); every
+run's tokens/s is stored too, and the spread between a system's runs is the noise its ratios are
+read against (`noise`: the largest relative spread of any system at that B).
 Open loop: a seeded Poisson stream of `open_requests` requests at each rate (requests per
 second of this machine's wall clock), with and without speculation; latency is from arrival.
 The step costs the goodput policy uses are measured first (serve.measure_step_costs), and the
@@ -33,13 +35,18 @@ from ..serve.engine import make_sequence
 from ..serve.forward import hidden
 from .run import first_difference
 
-SYSTEMS = ("plain", "fixed", "schedule", "goodput")
+
+
+def systems(cfg) -> tuple:
+    """The closed loop's systems, in the order they are run and reported."""
+    return ("plain", *(f"fixed_{k}" for k in cfg.fixed_ks), "schedule", "goodput")
 
 
 @dataclass
 class ServeBenchConfig:
     batch_sizes: tuple = (1, 2, 4, 8, 16)
-    k: int = 4  # the fixed K, and the goodput policy's largest
+    k: int = 4  # the goodput policy's largest K, and the fixed K the roofline's crossover is predicted for
+    fixed_ks: tuple = (1, 2, 4)  # a fixed-K system for each
     schedule: tuple = ((1, 2, 4), (3, 4, 2), (5, 8, 1))  # (start_bs, end_bs, K); K = 0 beyond 8 rows
     requests_per_client: int = 2
     max_new_tokens: int = 32
@@ -53,14 +60,14 @@ class ServeBenchConfig:
 
 
 QUICK_SERVE = dict(batch_sizes=(1, 2), requests_per_client=1, max_new_tokens=8, rates=(2.0,), open_requests=3,
-                   open_max_batch=2, cost_ks=(0, 1, 2), k=2, schedule=((1, 1, 2),), reps=1)
+                   open_max_batch=2, cost_ks=(0, 1, 2), k=2, fixed_ks=(1, 2), schedule=((1, 1, 2),), reps=1)
 
 
 def _server(target, draft, system, max_batch, costs, cfg):
     if system == "plain":
         return Server(target, None, max_batch=max_batch, k=0, max_seq_len=1024)
-    if system == "fixed":
-        k = cfg.k
+    if system.startswith("fixed_"):
+        k = int(system.removeprefix("fixed_"))
     elif system == "schedule":
         k = KSchedule(cfg.schedule)
     else:
@@ -155,16 +162,19 @@ def run_serve_bench(target, draft, prompt_texts, cfg=ServeBenchConfig(), log=pri
     log("measuring step costs ...")
     costs = measure_step_costs(engine, cfg.batch_sizes, cfg.cost_ks, context=cfg.context, reps=2, seed=cfg.seed)
     forward = target_forward_costs(target, cfg.batch_sizes, (1, cfg.k + 1), context=cfg.context)
-    closed = {s: {} for s in SYSTEMS}
+    names = systems(cfg)
+    closed = {s: {} for s in names}
+    runs = {s: {B: [] for B in cfg.batch_sizes} for s in names}
     for i, B in enumerate(cfg.batch_sizes):
         for rep in range(cfg.reps):  # each rep in a rotated order; the best run of each system is kept
-            shift = (i + rep) % len(SYSTEMS)
-            for system in SYSTEMS[shift:] + SYSTEMS[:shift]:
+            shift = (i + rep) % len(names)
+            for system in names[shift:] + names[:shift]:
                 log(f"closed loop: batch {B}, {system}, rep {rep + 1} ...")
                 server = _server(target, draft, system, B, costs, cfg)
                 run = closed_loop(server, prompts, B, cfg.requests_per_client, cfg.max_new_tokens)
                 if system == "goodput":
                     run["k_choices"] = sorted(set(k for _, k in server.k_history))
+                runs[system][B].append(run["tokens_per_second"])
                 best = closed[system].get(B)
                 if best is None or run["tokens_per_second"] > best["tokens_per_second"]:
                     closed[system][B] = run
@@ -174,14 +184,19 @@ def run_serve_bench(target, draft, prompt_texts, cfg=ServeBenchConfig(), log=pri
             log(f"open loop: {rate} requests/s, {system} ...")
             server = _server(target, draft, system, cfg.open_max_batch, costs, cfg)
             opened[system][rate] = open_loop(server, prompts, rate, cfg.open_requests, cfg.max_new_tokens, cfg.seed)
-    return _document(target, draft, cfg, costs, forward, closed, opened)
+    return _document(target, draft, cfg, costs, forward, closed, runs, opened)
 
 
-def _document(target, draft, cfg, costs, forward, closed, opened):
-    ratio = {s: {B: closed[s][B]["tokens_per_second"] / closed["plain"][B]["tokens_per_second"]
-                 for B in cfg.batch_sizes} for s in SYSTEMS}
-    measured_crossover = next((B for B in cfg.batch_sizes if ratio["fixed"][B] < 1.0), None)
-    alpha = closed["fixed"][cfg.batch_sizes[0]]["alpha_mle"] or 0.5
+def _document(target, draft, cfg, costs, forward, closed, runs, opened):
+    names, sizes = systems(cfg), cfg.batch_sizes
+    ratio = {s: {B: closed[s][B]["tokens_per_second"] / closed["plain"][B]["tokens_per_second"] for B in sizes}
+             for s in names}
+    fixed = [s for s in names if s.startswith("fixed_")]
+    crossover = {s: next((B for B in sizes if ratio[s][B] < 1.0), None) for s in fixed}
+    best_fixed = {B: max(fixed, key=lambda s: ratio[s][B]) for B in sizes}
+    # The noise at B: the largest spread between one system's runs there, relative to its best run.
+    noise = {B: max((max(r[B]) - min(r[B])) / max(r[B]) for r in runs.values()) for B in sizes}
+    alpha = closed[f"fixed_{cfg.k}"][sizes[0]]["alpha_mle"] or 0.5
     bandwidth, flops = measure_memory_bandwidth(), measure_matmul_flops()
     bpp = target.dtype.itemsize
     predicted = {B: batch_speedup(alpha, cfg.k, B, target.cfg, draft.cfg, flops, bandwidth, cfg.context, bpp)
@@ -190,9 +205,14 @@ def _document(target, draft, cfg, costs, forward, closed, opened):
         "config": {**cfg.__dict__, "threads": torch.get_num_threads(), "dtype": str(target.dtype)},
         "step_costs": {f"{B},{k}": s for (B, k), s in costs.items()},
         "target_forward_seconds": {f"{B},{T}": s for (B, T), s in forward.items()},
-        "closed_loop": {s: {str(B): r for B, r in closed[s].items()} for s in SYSTEMS},
-        "throughput_over_plain": {s: {str(B): r for B, r in ratio[s].items()} for s in SYSTEMS},
-        "crossover_batch_measured": measured_crossover,
+        "closed_loop": {s: {str(B): r for B, r in closed[s].items()} for s in names},
+        "closed_loop_runs": {s: {str(B): r for B, r in runs[s].items()} for s in names},
+        "noise": {str(B): v for B, v in noise.items()},
+        "throughput_over_plain": {s: {str(B): r for B, r in ratio[s].items()} for s in names},
+        "crossover_batch_measured": crossover[f"fixed_{cfg.k}"],
+        "crossover_by_system": crossover,
+        "best_fixed": {str(B): s for B, s in best_fixed.items()},
+        "goodput_vs_best_fixed": {str(B): ratio["goodput"][B] / ratio[best_fixed[B]][B] for B in sizes},
         "roofline": {"alpha": alpha, "bandwidth_bytes_per_s": bandwidth, "matmul_flops": flops,
                      "predicted_speedup_fixed_k": {str(B): v for B, v in predicted.items()},
                      "crossover_batch_predicted": next((B for B in cfg.batch_sizes if predicted[B] < 1.0), None)},
@@ -202,18 +222,20 @@ def _document(target, draft, cfg, costs, forward, closed, opened):
 
 def format_serve(doc) -> str:
     cfg = doc["config"]
-    lines = [f"closed loop, greedy, {cfg['max_new_tokens']} new tokens, fixed K = {cfg['k']}, "
-             f"{cfg['threads']} thread(s): tokens/s (over plain), mean latency s"]
-    lines.append(f"{'batch':>5} " + " ".join(f"{s:>22}" for s in SYSTEMS))
+    names = list(doc["closed_loop"])
+    lines = [f"closed loop, greedy, {cfg['max_new_tokens']} new tokens, {cfg['threads']} thread(s): "
+             f"tokens/s (over plain), mean latency s; noise: the largest spread between a system's runs"]
+    lines.append(f"{'batch':>5} " + " ".join(f"{s:>22}" for s in names) + "  goodput/best fixed  noise")
     for B in map(str, cfg["batch_sizes"]):
         cells = []
-        for s in SYSTEMS:
+        for s in names:
             r = doc["closed_loop"][s][B]
             cells.append(f"{r['tokens_per_second']:7.1f} ({doc['throughput_over_plain'][s][B]:4.2f}) "
                          f"{r['latency_mean']:6.2f}")
-        lines.append(f"{B:>5} " + " ".join(f"{c:>22}" for c in cells))
+        lines.append(f"{B:>5} " + " ".join(f"{c:>22}" for c in cells) +
+                     f"  {doc['goodput_vs_best_fixed'][B]:5.2f} ({doc['best_fixed'][B]})  {doc['noise'][B]:.0%}")
     roof = doc["roofline"]
-    lines.append(f"fixed K stops paying at batch {doc['crossover_batch_measured']} (measured); the roofline "
+    lines.append(f"fixed K = {cfg['k']} stops paying at batch {doc['crossover_batch_measured']} (measured); the roofline "
                  f"predicts {roof['crossover_batch_predicted']} (alpha {roof['alpha']:.2f}, "
                  f"{roof['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s, {roof['matmul_flops'] / 1e9:.1f} GFLOP/s)")
     lines.append("step cost ms by batch (rows) and K: " + ", ".join(
