@@ -9,7 +9,8 @@
 The layers (docs/design.md): core/ (the decoder, cache, sampling, verification and the loop;
 torch only), drafters/, cpu/ (the CPU's fast forward) and compiled/ (fixed shapes and
 torch.compile), both installed as a model's runner from outside, paged/, io/, analysis/, policies/,
-train/, bench/, lab/ (what the chapters use), and api.py, which this module re-exports.
+serve/ (many requests at once), tree/ (token trees), train/, bench/, lab/ (what the chapters use),
+and api.py, which this module re-exports with the serving and tree engines.
 
 Glossary of shape letters used in comments across the package:
   B batch, T new tokens this call, S cache capacity, K draft length, L layers,
@@ -32,6 +33,9 @@ from .drafters import Eagle3Draft, FeatureDraft, FeatureDrafter, ModelDrafter, N
 from .drafters.eagle3 import shipped_eagle3_draft_dir
 from .drafters.feature import default_feature_draft_dir, shipped_feature_draft_dir
 from .io.pair import ModelPair, default_draft_dir, tiny_model
+from .serve import BatchEngine, GoodputPolicy, KSchedule, Server
+from .tree.draft import DynamicTree
+from .tree.engine import TreeEngine
 
 __all__ = [
     "MAX_K", "ModelConfig", "SamplingConfig", "GenerationResult", "SpeculativeEngine",
@@ -40,5 +44,5 @@ __all__ = [
     "verify_reference", "ModelDrafter", "NGramDrafter", "LookupThenModelDrafter", "make_drafter",
     "FeatureDraft", "FeatureDrafter", "default_feature_draft_dir", "load_feature_draft", "shipped_feature_draft_dir",
     "Eagle3Draft", "load_eagle3_draft", "shipped_eagle3_draft_dir", "SelfDraft", "accelerate", "compiled_twin",
-    "use_static_shapes",
+    "use_static_shapes", "Server", "BatchEngine", "KSchedule", "GoodputPolicy", "TreeEngine", "DynamicTree",
 ]

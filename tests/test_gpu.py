@@ -1,4 +1,5 @@
-"""On CUDA: the engine stays lossless and syncs once per step (skipped without a GPU)."""
+"""On CUDA: the engine, the batched step (serve/) and the tree engine (tree/) stay lossless and sync
+once per step (skipped without a GPU). The GPU check (scripts/gpu_check.sh) runs this file first."""
 import pytest
 import torch
 
@@ -92,3 +93,59 @@ def test_compiled_engine_on_cuda_is_lossless_with_one_sync_per_step(temperature)
     res, n = count_cuda_syncs(lambda: engine.generate([1, 2, 3], **kwargs))
     assert graph_counts()["graphs"] == before["graphs"], "nothing compiles once warm"
     assert n <= res.stats.steps + 2, f"CUDA counted {n} syncs over {res.stats.steps} steps"
+
+
+SERVE_PROMPTS = [[1, 2, 3, 4, 5], [7, 8], [9, 10, 11, 12, 13, 14, 15, 16, 17], [3], [20, 21, 22]]
+
+
+def test_the_batched_step_runs_on_cuda_with_one_sync_per_step():
+    from specdec_lab.serve.engine import BatchEngine, make_sequence
+    t, d = _pair()
+    engine = BatchEngine(t, d, num_blocks=64, block_size=4, max_seq_len=128)
+    seqs = [make_sequence(p, 16, k=k, device="cuda") for p, k in zip(SERVE_PROMPTS, [4, 2, 0, 3, 1])]
+    engine.prefill(seqs)
+    _, syncs = count_cuda_syncs(lambda: engine.step(seqs))
+    assert syncs == 1, "one host read per batched step, counted by CUDA"
+    live = [s for s in seqs if not s.finished]
+    while live:
+        engine.step(live)
+        engine.release([s for s in live if s.finished])
+        live = [s for s in live if not s.finished]
+    for p, s in zip(SERVE_PROMPTS, seqs):
+        assert s.output == sl.autoregressive_generate(t, p, max_new_tokens=16).tokens, p
+
+
+def test_a_sampled_row_on_cuda_gives_the_same_tokens_alone_and_in_a_served_batch():
+    from specdec_lab.serve import Server
+    t, d = _pair()
+    kw = dict(max_new_tokens=20, temperature=0.8, top_p=0.9, seed=7, k=3)
+    alone = Server(t, d, max_batch=1, max_seq_len=128)
+    h = alone.submit([5, 6, 7], **kw)
+    alone.run_until_idle()
+    crowd = Server(t, d, max_batch=4, max_seq_len=128)
+    others = [crowd.submit(p, max_new_tokens=20, temperature=1.0, seed=i, k=2) for i, p in enumerate(SERVE_PROMPTS[:3])]
+    mine = crowd.submit([5, 6, 7], **kw)
+    crowd.run_until_idle()
+    assert mine.result().tokens == h.result().tokens
+    assert all(len(o.result().tokens) == 20 for o in others)
+
+
+@pytest.mark.parametrize("cache", ["contiguous", "paged"])
+def test_greedy_trees_on_cuda_equal_autoregressive_with_one_sync_per_step(cache):
+    from specdec_lab.tree.draft import DynamicTree
+    from specdec_lab.tree.engine import TreeEngine
+    t, d = _pair()
+    base = sl.autoregressive_generate(t, [1, 2, 3], max_new_tokens=32).tokens
+    for tree in ((4, 2, 1), DynamicTree(3, 3, 8)):
+        engine = TreeEngine(t, d, tree=tree, cache=cache)
+        assert engine.generate([1, 2, 3], max_new_tokens=32).tokens == base, tree
+        res, n = count_cuda_syncs(lambda: engine.generate([1, 2, 3], max_new_tokens=32))
+        assert n <= res.stats.steps + 2, f"{tree}: CUDA counted {n} syncs over {res.stats.steps} steps"
+
+
+def test_a_sampled_tree_on_cuda_runs_each_rule():
+    from specdec_lab.tree.engine import TreeEngine
+    t, d = _pair()
+    for rule in ("sampled", "deterministic"):
+        res = TreeEngine(t, d, tree=(3, 2), rule=rule).generate([1, 2, 3], max_new_tokens=24, temperature=0.9, seed=0)
+        assert len(res.tokens) == 24 and all(0 <= x < t.cfg.vocab_size for x in res.tokens), rule
