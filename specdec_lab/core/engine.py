@@ -67,7 +67,7 @@ def _decode(tokenizer, tokens):
     return tokenizer.decode(tokens, skip_special_tokens=True) if tokenizer is not None else None
 
 
-def _cut(tokens, budget, eos_ids):
+def cut_at_eos(tokens, budget, eos_ids):
     """The prefix of `tokens` that fits in `budget` and ends at the first EOS."""
     out = []
     for t in tokens[:budget]:
@@ -177,9 +177,9 @@ class Engine:
             if not getattr(self.target, "fixed_shapes", False):  # never draft past the budget ...
                 k_step = min(k_step, max_new_tokens - len(out) - 1)
             # ... except where every forward keeps one shape: a smaller K would be one more graph to
-            # compile (for a few extra draft tokens at the very end, which _cut drops).
+            # compile (for a few extra draft tokens at the very end, which cut_at_eos drops).
             rec, c = self._step(c, k_step, sampling, g, len(steps))
-            rec.committed = _cut(rec.drafted[:rec.num_accepted] + [rec.next_token], max_new_tokens - len(out), eos)
+            rec.committed = cut_at_eos(rec.drafted[:rec.num_accepted] + [rec.next_token], max_new_tokens - len(out), eos)
             out += rec.committed
             steps.append(rec)
             stats.add_step(rec, len(rec.committed))

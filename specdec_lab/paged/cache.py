@@ -222,6 +222,12 @@ class PagedSequenceCache:
     def n_layers(self) -> int:
         return self.paged.k.shape[0]
 
+    @property
+    def position_rows(self) -> torch.Tensor:
+        """(Hkv, S): the pool row (of k_rows / v_rows) that holds each position, on the device;
+        valid for the positions of the blocks the table holds (tree compaction moves rows by it)."""
+        return self._rows
+
     def _check_fits(self, T: int):
         if self.length + T > self.capacity:
             raise CacheOverflowError(

@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from ..core.config import MAX_K, SamplingConfig
+from ..core.engine import cut_at_eos
 from ..core.records import StepRecord
 from ..core.sampling import draft_token, exponential_noise, logits_to_probs
 from .forward import hidden
@@ -230,7 +231,7 @@ class BatchEngine:
                              p_draft=row[K + 1:K + 1 + k], q_draft=row[2 * K + 1:2 * K + 1 + k],
                              uniforms=[] if s.sampling.greedy else row[3 * K + 1:3 * K + 1 + k],
                              draft_seconds=draft_seconds, target_seconds=target_seconds, syncs=1)
-            rec.committed = _cut(tokens, s.max_new_tokens - len(s.output), s.eos_ids)
+            rec.committed = cut_at_eos(tokens, s.max_new_tokens - len(s.output), s.eos_ids)
             s.output += rec.committed
             s.steps.append(rec)
             records.append(rec)
@@ -254,16 +255,6 @@ def _pack(verdict, D, P, Q, U) -> torch.Tensor:
     p_d = P[:, :K].gather(-1, d).squeeze(-1)  # (B, K)
     q_d = Q.gather(-1, d).squeeze(-1)  # (B, K)
     return torch.cat([verdict.float(), p_d, q_d, U], 1)
-
-
-def _cut(tokens, budget, eos_ids):
-    """The prefix of `tokens` that fits in `budget` and ends at the first EOS."""
-    out = []
-    for t in tokens[:budget]:
-        out.append(t)
-        if t in eos_ids:
-            break
-    return out
 
 
 def make_sequence(prompt_ids, max_new_tokens=32, temperature=0.0, top_p=1.0, top_k=0, seed=0, k=4,

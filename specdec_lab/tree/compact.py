@@ -8,8 +8,8 @@ as after a chain step's rollback. The source slots are a device tensor: nothing 
 back to the host, and the number of positions (a host int) comes from the step's one read.
 
 A paged cache (paged/cache.py) keeps the same positions in blocks; `compact` moves the rows that
-hold them, through the cache's own device index of each position's row (`_rows`, which it
-extends as blocks are added), and the rollback frees the blocks past the new length.
+hold them, through the cache's own device index of each position's row (`position_rows`, which
+it extends as blocks are added), and the rollback frees the blocks past the new length.
 
 `compact` gathers every layer's rows at once (index_select makes a copy, so a source slot
 overwritten by an earlier destination is read before it is written); `compact_reference`
@@ -24,7 +24,7 @@ def compact(cache, src, start: int):
     or a paged sequence to [start, start + n), and make start + n the cache's length."""
     n = src.shape[0]
     if n and hasattr(cache, "paged"):  # a PagedSequenceCache: rows of (L, N*Hkv*P, D) through its index
-        rows = cache._rows  # (Hkv, S): the row of each position, on the device; no public name for it yet
+        rows = cache.position_rows  # (Hkv, S): the row of each position, on the device
         src_rows, dst_rows = rows.index_select(1, src).reshape(-1), rows[:, start:start + n].reshape(-1)
         for buf in (cache.paged.k_rows, cache.paged.v_rows):
             buf.index_copy_(1, dst_rows, buf.index_select(1, src_rows))  # (L, Hkv*n, D)
