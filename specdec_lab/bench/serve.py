@@ -53,14 +53,16 @@ class ServeBenchConfig:
     rates: tuple = (0.5, 1.0, 2.0)  # open loop, requests per second
     open_requests: int = 12
     open_max_batch: int = 8
-    reps: int = 2  # closed-loop runs per system and batch size; the fastest is kept (noise only adds time)
+    reps: int = 3  # closed-loop runs per system and batch size; the fastest is kept (noise only adds time)
     cost_ks: tuple = (0, 1, 2, 3, 4)
+    cost_reps: int = 3  # timed rounds of the step costs; the fastest is kept
     context: int = 64  # prompt length of the cost measurements
     seed: int = 0
 
 
 QUICK_SERVE = dict(batch_sizes=(1, 2), requests_per_client=1, max_new_tokens=8, rates=(2.0,), open_requests=3,
-                   open_max_batch=2, cost_ks=(0, 1, 2), k=2, fixed_ks=(1, 2), schedule=((1, 1, 2),), reps=1)
+                   open_max_batch=2, cost_ks=(0, 1, 2), k=2, fixed_ks=(1, 2), schedule=((1, 1, 2),), reps=1,
+                   cost_reps=1)
 
 
 def _server(target, draft, system, max_batch, costs, cfg):
@@ -160,7 +162,8 @@ def run_serve_bench(target, draft, prompt_texts, cfg=ServeBenchConfig(), log=pri
     prompts = [encode_prompt(getattr(target, "tokenizer", None), p) for p in prompt_texts]
     engine = BatchEngine(target, draft, num_blocks=max(cfg.batch_sizes) * 8, max_seq_len=1024)
     log("measuring step costs ...")
-    costs = measure_step_costs(engine, cfg.batch_sizes, cfg.cost_ks, context=cfg.context, reps=2, seed=cfg.seed)
+    costs = measure_step_costs(engine, cfg.batch_sizes, cfg.cost_ks, context=cfg.context, reps=cfg.cost_reps,
+                               seed=cfg.seed)
     forward = target_forward_costs(target, cfg.batch_sizes, (1, cfg.k + 1), context=cfg.context)
     names = systems(cfg)
     closed = {s: {} for s in names}
