@@ -1,11 +1,13 @@
 """The figure of `bench --serve`'s JSON document: throughput over plain batched decoding against
-batch size for each system, and open-loop p50 / p99 latency against request rate.
+batch size for each system (each system's median run over plain's median run; the bars span its
+slowest and fastest runs), and open-loop p50 / p99 latency against request rate.
 
     python -m specdec_lab bench --serve --threads 1 | tail -n 1 > docs/serve_load.json
     python scripts/bench_serve_figure.py docs/serve_load.json --out docs/serve_load.png
 """
 import argparse
 import json
+import statistics
 from pathlib import Path
 
 import plotly.graph_objects as go
@@ -16,11 +18,16 @@ from specdec_lab.lab.static_figures import png
 
 def figure(doc) -> go.Figure:
     fig = make_subplots(rows=1, cols=2, subplot_titles=(
-        "closed loop: tokens/s over plain batched decoding", "open loop: latency against request rate"))
+        "closed loop: tokens/s over plain (median run; bars: all runs)", "open loop: latency against request rate"))
     sizes = [int(b) for b in doc["config"]["batch_sizes"]]
-    for system, ratios in doc["throughput_over_plain"].items():
-        fig.add_trace(go.Scatter(x=sizes, y=[ratios[str(b)] for b in sizes], mode="lines+markers", name=system),
-                      row=1, col=1)
+    runs = doc["closed_loop_runs"]
+    for system, ratios in doc["median_over_plain"].items():
+        plain = [statistics.median(runs["plain"][str(b)]) for b in sizes]
+        y = [ratios[str(b)] for b in sizes]
+        lo = [y[i] - min(runs[system][str(b)]) / plain[i] for i, b in enumerate(sizes)]
+        hi = [max(runs[system][str(b)]) / plain[i] - y[i] for i, b in enumerate(sizes)]
+        fig.add_trace(go.Scatter(x=sizes, y=y, mode="lines+markers", name=system,
+                                 error_y=dict(type="data", array=hi, arrayminus=lo, thickness=1)), row=1, col=1)
     rates = doc["config"]["rates"]
     for system, rows in doc["open_loop"].items():
         for q, dash in (("latency_p50", "solid"), ("latency_p99", "dot")):

@@ -61,6 +61,12 @@ def test_gpu_check_smoke_runs_every_step(tmp_path):
             assert eager["syncs"][name]["engine_counted"] == 1.0
         assert eager["syncs"]["stop_below_greedy"]["counted_per_step_max"] > 1
         assert compiled["syncs"]["engine_counted"] == 1.0
+        # the costs beyond one chain: the batched step at every B and K, the tree's verification by node count
+        assert set(eager["batched_steps"]["step_costs"]) == {"1,0", "1,2", "2,0", "2,2"}
+        assert all(v > 0 for v in eager["batched_steps"]["step_costs"].values())
+        assert set(eager["batched_steps"]["predicted_over_plain"]["0.7"]) == {"1,2", "2,2"}
+        assert set(eager["tree_verify"]["tree"]) == set(eager["tree_verify"]["chain"]) == {"1", "4", "8"}
+        assert compiled["tree_verify"]["warm_up_graphs"] == 1 and compiled["tree_verify"]["tree"]["4"] > 0
     found = windows(doc)
     assert len(found) >= 10
     for path, w in found:

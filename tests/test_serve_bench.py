@@ -44,6 +44,7 @@ def test_the_serve_bench_document_has_every_system_at_every_batch_size():
                    - doc["throughput_over_plain"]["goodput"][b]) < 1e-9
         assert 0.0 <= doc["noise"][b] < 1.0
     assert doc["crossover_batch_measured"] == doc["crossover_by_system"]["fixed_2"]
+    assert doc["median_over_plain"]["plain"] == {"1": 1.0, "2": 1.0} and set(doc["best_fixed_median"]) == {"1", "2"}
     assert set(doc["step_costs"]) == {f"{b},{k}" for b in (1, 2) for k in (0, 1, 2)}
     assert all(v > 0 for v in doc["target_forward_seconds"].values())
     assert set(doc["open_loop"]["goodput"]) == {"2.0"}
@@ -56,3 +57,13 @@ def test_greedy_equality_counts_identical_answers_against_batch_1_decoding():
     doc = greedy_equality(target, draft, [[1, 2, 3], [4, 5], [6, 7, 8, 9], [10]], max_batch=2, max_new_tokens=8,
                           log=lambda s: None)
     assert doc["prompts"] == 4 and doc["identical"] == 4 and doc["differences"] == []
+
+
+def test_median_ratios_are_read_from_every_run():
+    from specdec_lab.bench.serve import medians
+    runs = {"plain": {"1": [10.0, 12.0, 30.0]}, "fixed_1": {"1": [11.0, 13.0, 14.0]}, "fixed_2": {"1": [9.0, 20.0, 21.0]},
+            "goodput": {"1": [12.0, 18.0, 19.0]}}
+    out = medians(runs)
+    assert out["median_over_plain"]["fixed_1"]["1"] == 13.0 / 12.0 and out["median_over_plain"]["fixed_2"]["1"] == 20.0 / 12.0
+    assert out["best_fixed_median"] == {"1": "fixed_2"}
+    assert abs(out["goodput_vs_best_fixed_median"]["1"] - 18.0 / 20.0) < 1e-12

@@ -12,12 +12,15 @@ sub-step, beside the figures of the others:
   synthetic_<8B>   random bf16 weights of Llama-3.1-8B's shape with a Llama-3.2-1B-shaped draft:
                    eager (c and v_K, the autoregressive decode's share of the read bandwidth, host
                    syncs per step for the contiguous and paged caches, lookup, the early stop and
-                   sampling), then compiled (warm-up, compiled tokens against eager ones with the
-                   logit gap at a first difference, c and v_K, the decode, CUDA's sync count);
+                   sampling; then the batched step's cost by rows and K, and a token tree's
+                   verification by node count: gpu_load.py), then compiled (warm-up, compiled
+                   tokens against eager ones with the logit gap at a first difference, c and v_K,
+                   the decode, CUDA's sync count);
   shipped_draft    real weights the repository carries (the shipped draft, through the real
                    loader) in float32 and bfloat16: greedy speculative decoding equal to
                    autoregressive, eager and compiled, and bf16 against float32;
   default_pair     the default pair's real weights, only where the target is on the machine already;
+  tree_verify      back to the 8B shape: the tree's verification compiled (a graph per node count);
   synthetic_<1.7B> SmolLM2-1.7B's shape with a 135M-shaped draft, as the first.
 
 Compiled models (compiled/) compile three graphs per pair for the whole run: the target's T = 1
@@ -48,6 +51,7 @@ from ..core.config import ModelConfig
 from ..drafters import ModelDrafter
 from ..train.acceptance import measure_step_costs
 from .gpu import SYNTHETIC, random_model
+from .gpu_load import batched_steps, tree_verify, tree_verify_compiled
 from .run import first_difference
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -63,9 +67,11 @@ TINY = {  # stand-ins of the presets' kinds: an untied target with a tied draft,
 }
 FULL = dict(presets=("llama3-8b", "smollm2-1.7b"), ks=tuple(range(1, 9)), compiled_k=4, capacity=2048,
             prompt_len=128, new_tokens=128, reps=20, pair_prompts=8, pair_tokens=64, pair_ks=(2, 4, 6),
-            alphas=(0.6, 0.7, 0.8), tests_timeout=150)
+            alphas=(0.6, 0.7, 0.8), tests_timeout=150, batch_sizes=(1, 2, 4, 8, 16, 32, 64), batch_ks=(0, 2, 4),
+            tree_nodes=(1, 2, 4, 8, 12, 16, 24, 32, 48, 64), tree_compiled=(8, 32, 64))
 SMOKE = dict(presets=("tiny", "tiny-tied"), ks=(1, 2), compiled_k=2, capacity=256, prompt_len=16, new_tokens=16,
-             reps=3, pair_prompts=2, pair_tokens=12, pair_ks=(2,), alphas=(0.6, 0.7, 0.8), tests_timeout=300)
+             reps=3, pair_prompts=2, pair_tokens=12, pair_ks=(2,), alphas=(0.6, 0.7, 0.8), tests_timeout=300,
+             batch_sizes=(1, 2), batch_ks=(0, 2), tree_nodes=(1, 4, 8), tree_compiled=(4,))
 
 
 class Check:
@@ -237,6 +243,9 @@ def eager_steps(check, sec, target, draft, ids, p):
         return decode_report(check, target, res, seconds, graphs, len(ids) + (n - 1) / 2)
     check.step(sec, "ar", ar)
     check.step(sec, "syncs", sync_table, target, draft, ids, min(n, 32), p["compiled_k"])
+    check.step(sec, "batched_steps", lambda: batched_steps(target, draft, p["batch_sizes"], p["batch_ks"],
+                                                           len(ids), p["reps"], p["alphas"]))
+    check.step(sec, "tree_verify", lambda: tree_verify(target, p["tree_nodes"], len(ids), p["reps"]))
 
 
 def compiled_steps(check, sec, target, draft, ids, p, eager_tokens, need):
@@ -310,6 +319,9 @@ def synthetic(check, preset, device, dtype, p):
     eager_steps(check, eager, target, draft, ids, p)
     compiled = sec["compiled"] = {}
     compiled_steps(check, compiled, target, draft, ids, p, eager.get("ar_tokens"), need=60)
+    # The tree's compiled verification runs later (main): the real weights come first.
+    return lambda: check.step(compiled, "tree_verify", lambda: tree_verify_compiled(
+        target, p["tree_compiled"], len(ids), p["reps"]), need=90)
 
 
 def shipped_draft(check, device, p):
@@ -425,16 +437,18 @@ def main(argv=None):
     check.step(check.doc, "gpu_tests", gpu_tests, p)
     first, *rest = p["presets"]
     with torch.inference_mode(False):
-        synthetic(check, first, device, dtype, p)
+        tree_compiled = synthetic(check, first, device, dtype, p)
         shipped_draft(check, device, p)
         default_pair(check, device, p, args.smoke)
+        tree_compiled()
+        del tree_compiled  # and with it the first preset's models
         for preset in rest:
             if check.time_left() < 90:
                 check.doc[f"synthetic_{preset}"] = {"skipped": "time budget"}
                 check.save()
                 continue
             torch.compiler.reset()  # the last preset's graphs are not needed again
-            synthetic(check, preset, device, dtype, p)
+            synthetic(check, preset, device, dtype, p)()
     errors = check.errors()
     check.log(f"done; steps with errors: {errors or 'none'}")
     return 1 if errors else 0

@@ -11,7 +11,9 @@ Closed loop: B clients, each submitting its next request when the last one ends,
 latency is each request's submit-to-end time. Systems run in rotating order at each B, `reps`
 times, and each system's fastest run is kept (on a shared machine noise only adds time); every
 run's tokens/s is stored too, and the spread between a system's runs is the noise its ratios are
-read against (`noise`: the largest relative spread of any system at that B).
+read against (`noise`: the largest relative spread of any system at that B). Ratios of the
+median runs (`median_over_plain`) sit beside those of the fastest: one lucky or unlucky run moves
+a fastest-run ratio, and the median of three is robust to it.
 Open loop: a seeded Poisson stream of `open_requests` requests at each rate (requests per
 second of this machine's wall clock), with and without speculation; latency is from arrival.
 The step costs the goodput policy uses are measured first (serve.measure_step_costs), and the
@@ -21,6 +23,7 @@ measured bandwidth and FLOP/s and the measured alpha) is set against the measure
 """
 import math
 import random
+import statistics
 import time
 from dataclasses import dataclass
 
@@ -190,6 +193,16 @@ def run_serve_bench(target, draft, prompt_texts, cfg=ServeBenchConfig(), log=pri
     return _document(target, draft, cfg, costs, forward, closed, runs, opened)
 
 
+def medians(runs: dict) -> dict:
+    """From {system: {B: [tokens/s of each run]}}: each system's median run over plain's at every B,
+    the best fixed K by that ratio, and the goodput policy's ratio to it."""
+    ratio = {s: {B: statistics.median(r[B]) / statistics.median(runs["plain"][B]) for B in r} for s, r in runs.items()}
+    fixed = [s for s in runs if s.startswith("fixed_")]
+    best = {B: max(fixed, key=lambda s: ratio[s][B]) for B in runs["plain"]}
+    return {"median_over_plain": ratio, "best_fixed_median": best,
+            "goodput_vs_best_fixed_median": {B: ratio["goodput"][B] / ratio[best[B]][B] for B in best}}
+
+
 def _document(target, draft, cfg, costs, forward, closed, runs, opened):
     names, sizes = systems(cfg), cfg.batch_sizes
     ratio = {s: {B: closed[s][B]["tokens_per_second"] / closed["plain"][B]["tokens_per_second"] for B in sizes}
@@ -216,6 +229,7 @@ def _document(target, draft, cfg, costs, forward, closed, runs, opened):
         "crossover_by_system": crossover,
         "best_fixed": {str(B): s for B, s in best_fixed.items()},
         "goodput_vs_best_fixed": {str(B): ratio["goodput"][B] / ratio[best_fixed[B]][B] for B in sizes},
+        **medians({s: {str(B): r for B, r in runs[s].items()} for s in names}),
         "roofline": {"alpha": alpha, "bandwidth_bytes_per_s": bandwidth, "matmul_flops": flops,
                      "predicted_speedup_fixed_k": {str(B): v for B, v in predicted.items()},
                      "crossover_batch_predicted": next((B for B in cfg.batch_sizes if predicted[B] < 1.0), None)},
@@ -237,6 +251,9 @@ def format_serve(doc) -> str:
                          f"{r['latency_mean']:6.2f}")
         lines.append(f"{B:>5} " + " ".join(f"{c:>22}" for c in cells) +
                      f"  {doc['goodput_vs_best_fixed'][B]:5.2f} ({doc['best_fixed'][B]})  {doc['noise'][B]:.0%}")
+    lines.append("the same from each system's median run: " + "; ".join(
+        f"batch {B}: " + ", ".join(f"{s} {doc['median_over_plain'][s][B]:.2f}" for s in names[1:]) for B in
+        map(str, cfg["batch_sizes"])))
     roof = doc["roofline"]
     lines.append(f"fixed K = {cfg['k']} stops paying at batch {doc['crossover_batch_measured']} (measured); the roofline "
                  f"predicts {roof['crossover_batch_predicted']} (alpha {roof['alpha']:.2f}, "
