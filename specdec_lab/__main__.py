@@ -231,7 +231,8 @@ def cmd_export(args):
     target_dir = ensure_default_target()
     if args.to in ("llama.cpp", "all"):
         path = export_gguf_draft(default_draft_dir(), ensure_gguf(), out / "specdec_lab_draft.f32.gguf")
-        print(f"{path}\n  llama-server -m {ensure_gguf()} -md {path} --spec-draft-n-max 2")
+        print(f"{path}\n  llama-server -m {ensure_gguf()} -md {path} --spec-type draft-simple "
+              f"--spec-draft-n-max 2")
     if args.to in ("vllm", "all"):
         path = export_hf_draft(default_draft_dir(), target_dir, out / "specdec_lab_draft_hf")
         print(f"{path}\n  vllm serve HuggingFaceTB/SmolLM2-135M-Instruct --speculative-config "
@@ -302,7 +303,7 @@ def add_bench_parser(sub):
     b.add_argument("--peer", action="store_true",
                    help="only llama.cpp's llama-server beside this engine (bench/peer.py; `make peer` builds it): "
                         "autoregressive and with the exported draft at K = 2, against this engine's autoregressive, "
-                        "shipped draft, self-draft and 4-bit decode; --prompts (default 12), --max-new-tokens "
+                        "shipped draft, self-draft and 4-bit decode; --prompts (default 24), --max-new-tokens "
                         "(default 64), --threads (default 1)")
     b.add_argument("--json", action="store_true", help="print only the JSON document")
 

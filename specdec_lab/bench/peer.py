@@ -7,6 +7,8 @@ rotating order as the main benchmark does (run.run_systems), with one thread eac
 
     llamacpp_ar        llama-server on the target's Q4_1 GGUF, no draft
     llamacpp_spec_k{K} the same with the lab's draft exported to GGUF (io/export.py), K drafted per step
+    llamacpp_spec_k{K}_f16  the same with the draft's matrices written in float16 (half the bytes)
+    llamacpp_draft_alone    the float32 GGUF draft decoding alone: its speed against llamacpp_ar is 1 / c
     lab_ar             this engine's autoregressive decode (the target in float32, CPU kernels)
     lab_spec_k{K}      the shipped draft at the same K
     lab_self_k{S}      the self-draft in 4 bits: the best lossless system of docs/bench_fast_memory.json
@@ -22,6 +24,7 @@ import json
 import os
 import socket
 import subprocess
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -39,6 +42,7 @@ from ..cpu import QuantizedDecoding, SelfDraft
 from ..io.assets import ensure_default_target, ensure_gguf
 from ..io.export import export_gguf_draft
 from ..io.pair import default_draft_dir
+from ..train.acceptance import measure_step_costs
 from .run import BenchConfig, first_difference, ratio_interval, run_systems
 from .systems import System
 
@@ -54,12 +58,12 @@ def llama_server_path() -> Path:
     return path
 
 
-def exported_draft_gguf() -> Path:
+def exported_draft_gguf(dtype="f32") -> Path:
     """The shipped draft as a GGUF beside the target's, written once into the cache (io/export.py)."""
-    out = cache_dir() / "export" / "specdec_lab_draft.f32.gguf"
+    out = cache_dir() / "export" / f"specdec_lab_draft.{dtype}.gguf"
     src = default_draft_dir() / "model.safetensors"
     if not out.exists() or out.stat().st_mtime < src.stat().st_mtime:
-        export_gguf_draft(default_draft_dir(), ensure_gguf(), out)
+        export_gguf_draft(default_draft_dir(), ensure_gguf(), out, dtype)
     return out
 
 
@@ -72,8 +76,8 @@ def _free_port() -> int:
 class LlamaServer:
     """One llama-server process: `with LlamaServer(model, draft, k) as s: s.complete(ids, n)`.
 
-    threads: llama.cpp's -t and -tb, and the draft's; k: tokens drafted per step (the draft always
-    proposes k: no minimum probability, no minimum length)."""
+    threads: llama.cpp's -t and -tb, and the draft's; k: tokens drafted per step by a plain draft
+    model (--spec-type draft-simple), always k: no minimum probability, no minimum length."""
 
     def __init__(self, model, draft=None, k=None, threads=1, ctx=2048):
         if draft is not None and (isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= 16):
@@ -84,12 +88,13 @@ class LlamaServer:
         self.command = [str(llama_server_path()), "-m", str(model), "-t", str(threads), "-tb", str(threads),
                         "-c", str(ctx), "-np", "1", "--host", "127.0.0.1", "--port", str(self.port), "--no-ui"]
         if draft is not None:
-            self.command += ["-md", str(draft), "--spec-draft-n-max", str(k), "--spec-draft-n-min", "0",
-                             "--spec-draft-p-min", "0", "-td", str(threads), "-tbd", str(threads)]
+            self.command += ["-md", str(draft), "--spec-type", "draft-simple", "--spec-draft-n-max", str(k),
+                             "--spec-draft-n-min", "0", "--spec-draft-p-min", "0", "-td", str(threads),
+                             "-tbd", str(threads)]
         self.proc, self.log = None, None
 
     def __enter__(self):
-        self.log = open(cache_dir() / "llama.cpp" / f"server-{self.port}.log", "w+")
+        self.log = tempfile.TemporaryFile("w+")  # the server's log, shown when it fails to start
         self.proc = subprocess.Popen(self.command, stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
@@ -137,7 +142,7 @@ class LlamaServer:
 
 @dataclass
 class PeerConfig:
-    num_prompts: int = 12  # the first N benchmark prompts
+    num_prompts: int = 24  # the first N benchmark prompts (24: all of them)
     max_new_tokens: int = 64
     k: int = 2  # the token draft's K, for llama.cpp and the lab alike (the lab's best fixed K for it)
     self_k: int = 6  # the self-draft's K in the lab's best lossless system
@@ -179,14 +184,16 @@ def run_peer_bench(cfg: PeerConfig, log=None) -> dict:
     prompt_ids = [encode_prompt(target.tokenizer, p) for p in BENCH_PROMPTS[:cfg.num_prompts]]
     bench_cfg = BenchConfig(num_prompts=cfg.num_prompts, max_new_tokens=cfg.max_new_tokens, temperatures=(0.0,),
                             ks=(cfg.k,), warmup_tokens=16)
-    target_gguf, draft_gguf = ensure_gguf(), exported_draft_gguf()
+    target_gguf, draft_gguf, draft_f16 = ensure_gguf(), exported_draft_gguf(), exported_draft_gguf("f16")
     self_draft = SelfDraft(target, "int4")
     spec = SpeculativeEngine(target, draft, k=cfg.k)
     spec_self = SpeculativeEngine(target, self_draft, k=cfg.self_k)
     quantized = QuantizedDecoding(self_draft)
     timings = {}
     with LlamaServer(target_gguf, threads=cfg.threads) as ar_server, \
-            LlamaServer(target_gguf, draft_gguf, cfg.k, threads=cfg.threads) as spec_server:
+            LlamaServer(target_gguf, draft_gguf, cfg.k, threads=cfg.threads) as spec_server, \
+            LlamaServer(target_gguf, draft_f16, cfg.k, threads=cfg.threads) as spec16_server, \
+            LlamaServer(draft_gguf, threads=cfg.threads) as draft_server:
         systems = [
             _lab_system("lab_ar", "lab, autoregressive", lambda ids, n: autoregressive_generate(target, ids, n)),
             _lab_system(f"lab_spec_k{cfg.k}", f"lab, shipped draft, K = {cfg.k}",
@@ -198,11 +205,17 @@ def run_peer_bench(cfg: PeerConfig, log=None) -> dict:
             _server_system("llamacpp_ar", "llama.cpp, autoregressive (Q4_1)", ar_server, None, timings),
             _server_system(f"llamacpp_spec_k{cfg.k}", f"llama.cpp, exported draft, K = {cfg.k}", spec_server,
                            cfg.k, timings),
+            _server_system(f"llamacpp_spec_k{cfg.k}_f16", f"llama.cpp, exported draft in float16, K = {cfg.k}",
+                           spec16_server, cfg.k, timings),
+            _server_system("llamacpp_draft_alone", "llama.cpp, the exported draft alone (not the target)",
+                           draft_server, None, timings),
         ]
-        commands = {"llamacpp_ar": ar_server.command, f"llamacpp_spec_k{cfg.k}": spec_server.command}
+        commands = {"llamacpp_ar": ar_server.command, f"llamacpp_spec_k{cfg.k}": spec_server.command,
+                    f"llamacpp_spec_k{cfg.k}_f16": spec16_server.command, "llamacpp_draft_alone": draft_server.command}
         tallies = run_systems(systems, prompt_ids, bench_cfg, 0.0, Clock(target.device), log)
     for t in timings.values():
         del t[0]  # the warm-up call
+    costs = measure_step_costs(target, draft, (cfg.k,), context=96, reps=10)  # the lab's c, for the same draft
 
     lab_ar, llama_ar = tallies["lab_ar"], tallies["llamacpp_ar"]
 
@@ -229,7 +242,7 @@ def run_peer_bench(cfg: PeerConfig, log=None) -> dict:
                        server_decode_tokens_per_second=1000 * predicted / sum(x["predicted_ms"] for x in tm))
         else:
             row.update(tokens_per_step=t.tokens / t.steps, drafted=t.drafted, accepted=t.accepted)
-        if s.name != "lab_ar" and row["same_output_as_lab_ar"] < 1:
+        if s.name not in ("lab_ar", "llamacpp_draft_alone") and row["same_output_as_lab_ar"] < 1:
             diffs = [first_difference(target, prompt_ids[p], a, b)
                      for p, a, b in zip(lab_ar.call_prompts, lab_ar.outputs, t.outputs) if a != b]
             row["first_differences"] = diffs  # None where one answer is a prefix of the other (EOS)
@@ -247,6 +260,11 @@ def run_peer_bench(cfg: PeerConfig, log=None) -> dict:
         "peer": {"source": LLAMA_CPP_SOURCE, "target_gguf": target_gguf.name, "draft_gguf": draft_gguf.name,
                  "lab_target": str(ensure_default_target().name) + " (the Q4_1 GGUF expanded to float32)"},
         "prompts": {"set": "bench", "count": len(prompt_ids)},
+        # c, a draft token's cost in target tokens: llama.cpp's from the two servers' decode rates, the
+        # lab's from measure_step_costs (one forward each at 96 cached positions)
+        "c": {"llamacpp": systems_doc["llamacpp_ar"]["server_decode_tokens_per_second"]
+              / systems_doc["llamacpp_draft_alone"]["server_decode_tokens_per_second"],
+              "lab": costs.c},
         "systems": systems_doc,
     }
 
