@@ -8,9 +8,9 @@ LAB_SETTINGS := $(VENV)/share/jupyter/lab/settings/overrides.json
 # nbconvert's configuration for this environment: re-executed chapters store no widget state.
 NBCONVERT_CONFIG := $(VENV)/etc/jupyter/jupyter_nbconvert_config.json
 
-.PHONY: setup model lab test demo bench clean
+.PHONY: setup model peer lab test demo bench clean
 
-setup: $(STAMP) model $(LAB_SETTINGS) $(NBCONVERT_CONFIG)
+setup: $(STAMP) model peer $(LAB_SETTINGS) $(NBCONVERT_CONFIG)
 
 # torch is installed first and pinned, so pip takes the CPU build and never a CUDA one.
 $(STAMP): pyproject.toml
@@ -28,6 +28,11 @@ $(NBCONVERT_CONFIG): scripts/jupyter_nbconvert_config.json $(STAMP)
 model: $(STAMP)
 	$(PY) -m specdec_lab fetch
 	-bash scripts/install_browser.sh
+
+# llama.cpp's llama-server, the benchmark's peer and the export tests' loader, built once into the cache
+# (scripts/build_llama_cpp.sh: about 10 minutes on 2 cores the first time; a failure stops set-up).
+peer: $(STAMP)
+	bash scripts/build_llama_cpp.sh $(PY)
 
 lab: setup
 	$(VENV)/bin/jupyter lab notebooks/

@@ -1,18 +1,22 @@
-"""Command line: python -m specdec_lab {fetch, generate, acceptance, prompts, distill, distill-features, bench}."""
+"""Command line: python -m specdec_lab {fetch, generate, acceptance, prompts, distill, distill-features, bench, export}."""
 import argparse
 import json
 import statistics
 import sys
+from pathlib import Path
 
 import torch
 
 from .api import (SpeculativeEngine, autoregressive_generate, check_dtype, compiled_twin, load_default_pair,
                   load_eagle3_draft, load_feature_draft, load_pair)
 from .bench.main import bench_main
+from .bench.peer import PeerConfig, format_peer, run_peer_bench
+from .core.config import cache_dir
 from .cpu import SelfDraft, best_weights
-from .drafters.eagle3 import is_eagle3_folder
-from .io.assets import ensure_default_target
-from .io.pair import load_model_cached
+from .drafters.eagle3 import is_eagle3_folder, shipped_eagle3_draft_dir
+from .io.assets import ensure_default_target, ensure_gguf
+from .io.export import export_eagle3_vllm, export_gguf_draft, export_hf_draft
+from .io.pair import default_draft_dir, load_model_cached
 from .train.acceptance import acceptance_report, agreement_table, greedy_agreement
 from .train.distill import distill_main
 from .train.eagle3 import eagle3_main
@@ -211,7 +215,32 @@ def cmd_prompts(args):
 
 
 def cmd_bench(args):
-    bench_main(args)
+    if not args.peer:
+        return bench_main(args)
+    cfg = PeerConfig(**{k: v for k, v in (("num_prompts", args.prompts), ("max_new_tokens", args.max_new_tokens),
+                                          ("threads", args.threads)) if v is not None})
+    doc = run_peer_bench(cfg, log=lambda s: print(s, file=sys.stderr, flush=True))
+    if not args.json:
+        print(format_peer(doc))
+    print(json.dumps(doc))
+
+
+def cmd_export(args):
+    """The shipped drafts in the layouts llama.cpp and vLLM load, each with the command that serves it."""
+    out = Path(args.out).expanduser() if args.out else cache_dir() / "export"
+    target_dir = ensure_default_target()
+    if args.to in ("llama.cpp", "all"):
+        path = export_gguf_draft(default_draft_dir(), ensure_gguf(), out / "specdec_lab_draft.f32.gguf")
+        print(f"{path}\n  llama-server -m {ensure_gguf()} -md {path} --spec-type draft-simple "
+              f"--spec-draft-n-max 2")
+    if args.to in ("vllm", "all"):
+        path = export_hf_draft(default_draft_dir(), target_dir, out / "specdec_lab_draft_hf")
+        print(f"{path}\n  vllm serve HuggingFaceTB/SmolLM2-135M-Instruct --speculative-config "
+              f"'{{\"method\": \"draft_model\", \"model\": \"{path}\", \"num_speculative_tokens\": 2}}'")
+    if args.to in ("vllm-eagle3", "all"):
+        path = export_eagle3_vllm(shipped_eagle3_draft_dir(), target_dir, out / "specdec_lab_eagle3_vllm")
+        print(f"{path}\n  vllm serve HuggingFaceTB/SmolLM2-135M-Instruct --speculative-config "
+              f"'{{\"method\": \"eagle3\", \"model\": \"{path}\", \"num_speculative_tokens\": 3}}'")
 
 
 def add_bench_parser(sub):
@@ -271,6 +300,11 @@ def add_bench_parser(sub):
     b.add_argument("--kernels", action="store_true",
                    help="only time each kind of the target's matrix products through each CPU kernel "
                         "(PyTorch's, oneDNN's prepacked, the panel kernel) at 1 and K+1 rows")
+    b.add_argument("--peer", action="store_true",
+                   help="only llama.cpp's llama-server beside this engine (bench/peer.py; `make peer` builds it): "
+                        "autoregressive and with the exported draft at K = 2, against this engine's autoregressive, "
+                        "shipped draft, self-draft and 4-bit decode; --prompts (default 24), --max-new-tokens "
+                        "(default 64), --threads (default 1)")
     b.add_argument("--json", action="store_true", help="print only the JSON document")
 
 
@@ -383,13 +417,18 @@ def main(argv=None):
     p.add_argument("--avoid", action="append", default=[], metavar="FILE",
                    help="a prompt file made earlier: its prompts count as duplicates, so this file adds new ones")
     add_bench_parser(sub)
+    e = sub.add_parser("export", help="write the shipped drafts for llama.cpp (GGUF) and vLLM (a draft model "
+                       "folder; the EAGLE-3-style draft in vLLM's EAGLE-3 layout), with the commands that serve them")
+    e.add_argument("--to", choices=["llama.cpp", "vllm", "vllm-eagle3", "all"], default="all")
+    e.add_argument("--out", help="output folder (default: export/ in the cache)")
     args = ap.parse_args(argv)
     if args.cmd == "generate" and not args.prompt.strip():
         print("error: prompt must not be empty", file=sys.stderr)
         return 2
     try:
         {"fetch": cmd_fetch, "generate": cmd_generate, "distill": cmd_distill, "distill-features": cmd_distill_features,
-         "acceptance": cmd_acceptance, "prompts": cmd_prompts, "bench": cmd_bench}[args.cmd](args)
+         "acceptance": cmd_acceptance, "prompts": cmd_prompts, "bench": cmd_bench,
+         "export": cmd_export}[args.cmd](args)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -1,0 +1,283 @@
+"""llama.cpp as the measured peer: its llama-server beside the lab's engine, in one run.
+
+llama-server is built by the project's own set-up (scripts/build_llama_cpp.sh, `make peer`) into
+the cache. `LlamaServer` starts one on a free local port and asks it for greedy completions of
+token ids over HTTP (the standard library's urllib); `run_peer_bench` runs, prompt by prompt in
+rotating order as the main benchmark does (run.run_systems), with one thread each:
+
+    llamacpp_ar        llama-server on the target's Q4_1 GGUF, no draft
+    llamacpp_spec_k{K} the same with the lab's draft exported to GGUF (io/export.py), K drafted per step
+    llamacpp_spec_k{K}_f16  the same with the draft's matrices written in float16 (half the bytes)
+    llamacpp_draft_alone    the float32 GGUF draft decoding alone: its speed against llamacpp_ar is 1 / c
+    lab_ar             this engine's autoregressive decode (the target in float32, CPU kernels)
+    lab_spec_k{K}      the shipped draft at the same K
+    lab_self_k{S}      the self-draft in 4 bits: the best lossless system of docs/bench_fast_memory.json
+    lab_int4_decode    the same 4-bit weights decoding alone, unverified (not lossless)
+
+Every call is timed whole, from the request to the last token (prefill included), as the main
+benchmark times its own calls; ratios have paired bootstrap intervals over the prompts
+(run.ratio_interval). llama.cpp reads the Q4_1 file as stored and the lab reads it expanded to
+float32, so the two targets' greedy answers may part; where they do, run.first_difference gives
+the float32 target's logit gap between the two tokens.
+"""
+import json
+import os
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+
+from ..analysis.timing import Clock
+from ..api import SpeculativeEngine, autoregressive_generate, load_default_pair
+from ..core.config import cache_dir
+from ..core.text import encode_prompt
+from ..cpu import QuantizedDecoding, SelfDraft
+from ..io.assets import ensure_default_target, ensure_gguf
+from ..io.export import export_gguf_draft
+from ..io.pair import default_draft_dir
+from ..train.acceptance import measure_step_costs
+from .run import BenchConfig, first_difference, ratio_interval, run_systems
+from .systems import System
+
+LLAMA_CPP_SOURCE = "llama.cpp vendored in llama-cpp-python 0.3.36 (PyPI sdist)"
+
+
+def llama_server_path() -> Path:
+    """The llama-server that scripts/build_llama_cpp.sh built, or FileNotFoundError saying how to build it."""
+    path = cache_dir() / "llama.cpp" / "bin" / "llama-server"
+    if not os.access(path, os.X_OK):
+        raise FileNotFoundError(f"llama-server is not built ({path} is missing): run `make peer` "
+                                f"(bash scripts/build_llama_cpp.sh)")
+    return path
+
+
+def exported_draft_gguf(dtype="f32") -> Path:
+    """The shipped draft as a GGUF beside the target's, written once into the cache (io/export.py)."""
+    out = cache_dir() / "export" / f"specdec_lab_draft.{dtype}.gguf"
+    src = default_draft_dir() / "model.safetensors"
+    if not out.exists() or out.stat().st_mtime < src.stat().st_mtime:
+        export_gguf_draft(default_draft_dir(), ensure_gguf(), out, dtype)
+    return out
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LlamaServer:
+    """One llama-server process: `with LlamaServer(model, draft, k) as s: s.complete(ids, n)`.
+
+    threads: llama.cpp's -t and -tb, and the draft's; k: tokens drafted per step by a plain draft
+    model (--spec-type draft-simple), always k: no minimum probability, no minimum length."""
+
+    def __init__(self, model, draft=None, k=None, threads=1, ctx=2048):
+        if draft is not None and (isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= 16):
+            raise ValueError(f"k must be an int in [1, 16] with a draft, got {k!r}")
+        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+            raise ValueError(f"threads must be an int >= 1, got {threads!r}")
+        self.port = _free_port()
+        self.command = [str(llama_server_path()), "-m", str(model), "-t", str(threads), "-tb", str(threads),
+                        "-c", str(ctx), "-np", "1", "--host", "127.0.0.1", "--port", str(self.port), "--no-ui"]
+        if draft is not None:
+            self.command += ["-md", str(draft), "--spec-type", "draft-simple", "--spec-draft-n-max", str(k),
+                             "--spec-draft-n-min", "0", "--spec-draft-p-min", "0", "-td", str(threads),
+                             "-tbd", str(threads)]
+        self.proc, self.log = None, None
+
+    def __enter__(self):
+        self.log = tempfile.TemporaryFile("w+")  # the server's log, shown when it fails to start
+        self.proc = subprocess.Popen(self.command, stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"llama-server exited with {self.proc.returncode}:\n{self._log_tail()}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=5) as r:
+                    if r.status == 200:
+                        return self
+            except (urllib.error.URLError, ConnectionError):
+                pass  # still loading the model
+            time.sleep(0.2)
+        self.__exit__()
+        raise RuntimeError(f"llama-server did not become healthy in 120 s:\n{self._log_tail()}")
+
+    def _log_tail(self):
+        self.log.flush()
+        self.log.seek(0)
+        return "".join(self.log.readlines()[-20:])
+
+    def __exit__(self, *exc):
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self.log is not None:
+            self.log.close()
+
+    def complete(self, ids, max_new_tokens) -> dict:
+        """Greedy continuation of the token ids: {"tokens", "timings"} (the server's timings: predicted_n,
+        draft_n, draft_n_accepted, ...). No prompt cache: every call reads its prompt, as the lab's do."""
+        body = {"prompt": list(ids), "n_predict": max_new_tokens, "temperature": 0.0, "top_k": 1,
+                "cache_prompt": False, "return_tokens": True, "stream": False}
+        req = urllib.request.Request(f"http://127.0.0.1:{self.port}/completion", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=600) as r:
+            out = json.loads(r.read())
+        return {"tokens": list(out["tokens"]), "timings": out["timings"]}
+
+
+# ----------------------------------------------------------------------------- the side-by-side run
+
+@dataclass
+class PeerConfig:
+    num_prompts: int = 24  # the first N benchmark prompts (24: all of them)
+    max_new_tokens: int = 64
+    k: int = 2  # the token draft's K, for llama.cpp and the lab alike (the lab's best fixed K for it)
+    self_k: int = 6  # the self-draft's K in the lab's best lossless system
+    threads: int = 1
+
+    def __post_init__(self):
+        for name in ("num_prompts", "max_new_tokens", "k", "self_k", "threads"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {v!r}")
+        if self.k > 16 or self.self_k > 16:
+            raise ValueError(f"k and self_k must be at most 16, got {self.k} and {self.self_k}")
+
+
+def _server_system(name, label, server, k, timings):
+    """A System whose calls go to `server`; each call's server timings are appended to timings[name]."""
+    timings[name] = []
+
+    def run(ids, n, temperature, seed):
+        out = server.complete(ids, n)
+        timings[name].append(out["timings"])
+        return out["tokens"], None
+    return System(name, label, run, k=k, own=False, drafts=k is not None)
+
+
+def _lab_system(name, label, generate, k=None):
+    def run(ids, n, temperature, seed):
+        res = generate(ids, n)
+        return res.tokens, res
+    return System(name, label, run, k=k, drafts=k is not None)
+
+
+def run_peer_bench(cfg: PeerConfig, log=None) -> dict:
+    """Every system on every prompt, greedy; returns the JSON document (docs/peer_llamacpp.json)."""
+    from ..train.prompts import BENCH_PROMPTS
+    torch.set_num_threads(cfg.threads)
+    pair = load_default_pair()
+    target, draft = pair.target, pair.draft
+    prompt_ids = [encode_prompt(target.tokenizer, p) for p in BENCH_PROMPTS[:cfg.num_prompts]]
+    bench_cfg = BenchConfig(num_prompts=cfg.num_prompts, max_new_tokens=cfg.max_new_tokens, temperatures=(0.0,),
+                            ks=(cfg.k,), warmup_tokens=16)
+    target_gguf, draft_gguf, draft_f16 = ensure_gguf(), exported_draft_gguf(), exported_draft_gguf("f16")
+    self_draft = SelfDraft(target, "int4")
+    spec = SpeculativeEngine(target, draft, k=cfg.k)
+    spec_self = SpeculativeEngine(target, self_draft, k=cfg.self_k)
+    quantized = QuantizedDecoding(self_draft)
+    timings = {}
+    with LlamaServer(target_gguf, threads=cfg.threads) as ar_server, \
+            LlamaServer(target_gguf, draft_gguf, cfg.k, threads=cfg.threads) as spec_server, \
+            LlamaServer(target_gguf, draft_f16, cfg.k, threads=cfg.threads) as spec16_server, \
+            LlamaServer(draft_gguf, threads=cfg.threads) as draft_server:
+        systems = [
+            _lab_system("lab_ar", "lab, autoregressive", lambda ids, n: autoregressive_generate(target, ids, n)),
+            _lab_system(f"lab_spec_k{cfg.k}", f"lab, shipped draft, K = {cfg.k}",
+                        lambda ids, n: spec.generate(ids, max_new_tokens=n), cfg.k),
+            _lab_system(f"lab_self_k{cfg.self_k}", f"lab, self-draft 4-bit, K = {cfg.self_k}",
+                        lambda ids, n: spec_self.generate(ids, max_new_tokens=n), cfg.self_k),
+            _lab_system("lab_int4_decode", "lab, 4-bit decode alone (unverified)",
+                        lambda ids, n: autoregressive_generate(quantized, ids, n)),
+            _server_system("llamacpp_ar", "llama.cpp, autoregressive (Q4_1)", ar_server, None, timings),
+            _server_system(f"llamacpp_spec_k{cfg.k}", f"llama.cpp, exported draft, K = {cfg.k}", spec_server,
+                           cfg.k, timings),
+            _server_system(f"llamacpp_spec_k{cfg.k}_f16", f"llama.cpp, exported draft in float16, K = {cfg.k}",
+                           spec16_server, cfg.k, timings),
+            _server_system("llamacpp_draft_alone", "llama.cpp, the exported draft alone (not the target)",
+                           draft_server, None, timings),
+        ]
+        commands = {"llamacpp_ar": ar_server.command, f"llamacpp_spec_k{cfg.k}": spec_server.command,
+                    f"llamacpp_spec_k{cfg.k}_f16": spec16_server.command, "llamacpp_draft_alone": draft_server.command}
+        tallies = run_systems(systems, prompt_ids, bench_cfg, 0.0, Clock(target.device), log)
+    for t in timings.values():
+        del t[0]  # the warm-up call
+    costs = measure_step_costs(target, draft, (cfg.k,), context=96, reps=10)  # the lab's c, for the same draft
+
+    lab_ar, llama_ar = tallies["lab_ar"], tallies["llamacpp_ar"]
+
+    def vs(t, base):
+        (_, ta, sa), (_, tb, sb) = t.per_prompt(), base.per_prompt()
+        ci = ratio_interval(ta, sa, tb, sb)
+        return {"ratio": (t.tokens / t.seconds) / (base.tokens / base.seconds),
+                "ci95": None if ci is None else list(ci)}
+
+    def same(t, ref):
+        return sum(a == b for a, b in zip(t.outputs, ref.outputs)) / len(ref.outputs)
+
+    systems_doc = {}
+    for s in systems:
+        t = tallies[s.name]
+        row = {"label": s.label, "tokens": t.tokens, "seconds": t.seconds, "tokens_per_second": t.tokens / t.seconds,
+               "vs_lab_ar": vs(t, lab_ar), "vs_llamacpp_ar": vs(t, llama_ar),
+               "same_output_as_lab_ar": same(t, lab_ar), "same_output_as_llamacpp_ar": same(t, llama_ar)}
+        if s.name in timings:  # llama.cpp: one target forward per step commits the accepted drafts and one more
+            tm = timings[s.name]
+            predicted, accepted = sum(x["predicted_n"] for x in tm), sum(x.get("draft_n_accepted", 0) for x in tm)
+            row.update(command=commands[s.name], drafted=sum(x.get("draft_n", 0) for x in tm), accepted=accepted,
+                       tokens_per_step=predicted / (predicted - accepted),
+                       server_decode_tokens_per_second=1000 * predicted / sum(x["predicted_ms"] for x in tm))
+        else:
+            row.update(tokens_per_step=t.tokens / t.steps, drafted=t.drafted, accepted=t.accepted)
+        if s.name not in ("lab_ar", "llamacpp_draft_alone") and row["same_output_as_lab_ar"] < 1:
+            diffs = [first_difference(target, prompt_ids[p], a, b)
+                     for p, a, b in zip(lab_ar.call_prompts, lab_ar.outputs, t.outputs) if a != b]
+            row["first_differences"] = diffs  # None where one answer is a prefix of the other (EOS)
+            gaps = [abs(d["logit_gap"]) for d in diffs if d is not None]
+            row["first_difference_positions"] = [d["position"] for d in diffs if d is not None]
+            row["max_abs_logit_gap"] = max(gaps) if gaps else None
+        systems_doc[s.name] = row
+
+    return {
+        "measured_at": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "config": asdict(cfg),
+        "machine": {"cpus": os.cpu_count(), "threads_each": cfg.threads,
+                    "note": "the project's shared machine: other jobs ran beside this one; ratios come from "
+                            "one run, side by side, absolute speeds do not carry over"},
+        "peer": {"source": LLAMA_CPP_SOURCE, "target_gguf": target_gguf.name, "draft_gguf": draft_gguf.name,
+                 "lab_target": str(ensure_default_target().name) + " (the Q4_1 GGUF expanded to float32)"},
+        "prompts": {"set": "bench", "count": len(prompt_ids)},
+        # c, a draft token's cost in target tokens: llama.cpp's from the two servers' decode rates, the
+        # lab's from measure_step_costs (one forward each at 96 cached positions)
+        "c": {"llamacpp": systems_doc["llamacpp_ar"]["server_decode_tokens_per_second"]
+              / systems_doc["llamacpp_draft_alone"]["server_decode_tokens_per_second"],
+              "lab": costs.c},
+        "systems": systems_doc,
+    }
+
+
+def format_peer(doc) -> str:
+    """The table of a run_peer_bench document."""
+    lines = ["| system | tokens/s vs lab AR (95% interval) | vs llama.cpp AR (95% interval) | tokens/step | "
+             "greedy = lab AR |", "| --- | --- | --- | --- | --- |"]
+    for row in doc["systems"].values():
+        a, b = row["vs_lab_ar"], row["vs_llamacpp_ar"]
+
+        def f(r):
+            return f"{r['ratio']:.2f}x ({r['ci95'][0]:.2f}-{r['ci95'][1]:.2f})" if r["ci95"] else f"{r['ratio']:.2f}x"
+        lines.append(f"| {row['label']} | {f(a)} | {f(b)} | {row['tokens_per_step']:.2f} | "
+                     f"{row['same_output_as_lab_ar']:.0%} |")
+    return "\n".join(lines)

@@ -1,0 +1,152 @@
+"""io/export.py: the exported drafts load in llama.cpp and in the lab's loaders, and the EAGLE-3
+folder has the names and the fusion vLLM 0.33.0's loader reads (llama_eagle3.py)."""
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+from safetensors import safe_open
+
+from specdec_lab.bench.peer import LlamaServer
+from specdec_lab.bench.run import first_difference
+from specdec_lab.core.engine import autoregressive_generate
+from specdec_lab.core.text import encode_prompt
+from specdec_lab.drafters.eagle3 import load_eagle3_draft, shipped_eagle3_draft_dir
+from specdec_lab.io.assets import ensure_gguf
+from specdec_lab.io.export import (VLLM_EAGLE3_NAMES, export_eagle3_vllm, export_gguf_draft, export_hf_draft,
+                                   rope_rows_to_gguf)
+from specdec_lab.io.pair import default_draft_dir
+from specdec_lab.io.weights import load_draft, load_model
+
+PROMPTS = ["Why is the sky blue?", "Write a haiku about the sea.", "List three prime numbers."]
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory, default_target_dir):
+    out = tmp_path_factory.mktemp("export")
+    return {"gguf": export_gguf_draft(default_draft_dir(), ensure_gguf(), out / "draft.gguf"),
+            "hf": export_hf_draft(default_draft_dir(), default_target_dir, out / "hf"),
+            "eagle3": export_eagle3_vllm(shipped_eagle3_draft_dir(), default_target_dir, out / "eagle3")}
+
+
+def test_rope_rows_interleave_the_halves():
+    # Head h's rows [a_0..a_{D/2-1}, b_0..b_{D/2-1}] become [a_0, b_0, a_1, b_1, ...].
+    heads, d = 3, 8
+    w = torch.arange(heads * d, dtype=torch.float32)[:, None].repeat(1, 2)
+    out = rope_rows_to_gguf(w, heads)[:, 0].view(heads, d)
+    for h in range(heads):
+        first, second = h * d + torch.arange(d // 2), h * d + d // 2 + torch.arange(d // 2)
+        assert torch.equal(out[h, 0::2], first.float()) and torch.equal(out[h, 1::2], second.float())
+
+
+def test_rope_rows_keep_the_rotary_dot_products():
+    # q.k after Hugging Face's rotation (halves) equals q'.k' after llama.cpp's (adjacent pairs).
+    torch.manual_seed(0)
+    d, x = 8, torch.randn(16)
+    wq, wk = torch.randn(d, 16), torch.randn(d, 16)
+    theta = torch.tensor(0.7) * torch.arange(1, d // 2 + 1)
+
+    def halves(v):
+        a, b = v[:d // 2], v[d // 2:]
+        return torch.cat([a * theta.cos() - b * theta.sin(), a * theta.sin() + b * theta.cos()])
+
+    def pairs(v):
+        a, b = v[0::2], v[1::2]
+        return torch.stack([a * theta.cos() - b * theta.sin(), a * theta.sin() + b * theta.cos()], -1).flatten()
+    hf = halves(wq @ x) @ halves(wk @ x)
+    gg = pairs(rope_rows_to_gguf(wq, 1) @ x) @ pairs(rope_rows_to_gguf(wk, 1) @ x)
+    assert torch.allclose(hf, gg, atol=1e-5)
+
+
+def test_gguf_draft_carries_the_targets_tokenizer(exported):
+    from gguf import GGUFReader
+    draft, target = GGUFReader(str(exported["gguf"])), GGUFReader(str(ensure_gguf()))
+    keys = [k for k in target.fields if k.startswith("tokenizer.")]
+    assert "tokenizer.ggml.tokens" in keys and "tokenizer.ggml.merges" in keys
+    for k in keys:
+        assert draft.fields[k].contents() == target.fields[k].contents(), k
+    assert draft.fields["llama.block_count"].contents() == 4
+    assert draft.fields["llama.embedding_length"].contents() == 128
+    shapes = {t.name: tuple(t.shape) for t in draft.tensors}
+    assert shapes["token_embd.weight"] == (128, 49152) and shapes["blk.3.attn_k.weight"] == (128, 64)
+
+
+def test_export_rejects_bad_input(tmp_path, default_target_dir):
+    with pytest.raises(ValueError, match="dtype must be one of"):
+        export_gguf_draft(default_draft_dir(), ensure_gguf(), tmp_path / "x.gguf", dtype="q4_0")
+    with pytest.raises(ValueError, match="target_gguf must be an existing .gguf"):
+        export_gguf_draft(default_draft_dir(), tmp_path / "missing.gguf", tmp_path / "x.gguf")
+    with pytest.raises(ValueError, match="draft_dir must be a folder holding config.json"):
+        export_hf_draft(tmp_path, default_target_dir, tmp_path / "out")
+    with pytest.raises(ValueError, match="one-layer specdec_lab EAGLE-3 draft"):
+        export_eagle3_vllm(default_draft_dir(), default_target_dir, tmp_path / "out")
+
+
+@pytest.mark.slow
+def test_gguf_draft_decodes_in_llama_cpp_as_in_the_lab(exported, default_target):
+    """llama-server loads the exported draft as a model, and its greedy tokens are the lab's draft's
+    (or part from them only at a near-tie of the lab's draft logits)."""
+    draft = load_draft(default_draft_dir())
+    n, equal = 24, 0
+    with LlamaServer(exported["gguf"]) as server:
+        for prompt in PROMPTS:
+            ids = encode_prompt(default_target.tokenizer, prompt)
+            lab = autoregressive_generate(draft, ids, max_new_tokens=n).tokens
+            peer = server.complete(ids, n)["tokens"]
+            assert len(peer) == len(lab) == n
+            if peer == lab:
+                equal += 1
+                continue
+            d = first_difference(draft, ids, lab, peer)
+            assert abs(d["logit_gap"]) < 1e-2, (prompt, d)
+    assert equal >= 2
+
+
+@pytest.mark.slow
+def test_hf_draft_folder_loads_in_the_lab_and_transformers(exported, default_target):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    folder = exported["hf"]
+    model, tok = load_model(folder)  # a folder with tokenizer files gives the tokenizer too
+    assert tok is not None
+    ids = encode_prompt(default_target.tokenizer, PROMPTS[0])
+    assert encode_prompt(tok, PROMPTS[0]) == ids
+    x = torch.tensor([ids])
+    ref = load_draft(default_draft_dir())(x)
+    assert torch.equal(model(x), ref)
+    hf = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
+    with torch.no_grad():
+        assert torch.allclose(hf(x).logits, ref, atol=2e-3)
+    assert AutoTokenizer.from_pretrained(str(folder)).encode("sky") == default_target.tokenizer.encode("sky")
+
+
+def test_eagle3_folder_has_vllms_names_and_config(exported):
+    folder = exported["eagle3"]
+    with safe_open(str(folder / "model.safetensors"), framework="pt") as f:
+        assert sorted(f.keys()) == VLLM_EAGLE3_NAMES
+        shapes = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+        d2t = f.get_tensor("d2t")
+    assert shapes["fc.weight"] == (576, 3 * 576)
+    assert shapes["midlayer.self_attn.q_proj.weight"] == (576, 2 * 576)  # the first layer reads [embeds, state]
+    assert shapes["midlayer.self_attn.k_proj.weight"] == (192, 2 * 576)
+    assert shapes["lm_head.weight"] == (8192, 576)
+    cfg = json.loads((folder / "config.json").read_text())
+    lab = json.loads((shipped_eagle3_draft_dir() / "config.json").read_text())
+    assert (d2t + torch.arange(8192)).tolist() == lab["vocab_ids"]  # target id = draft id + d2t
+    assert cfg["architectures"] == ["LlamaForCausalLMEagle3"] and cfg["draft_vocab_size"] == 8192
+    assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [i + 1 for i in lab["hidden_layers"]]
+    assert cfg["fc_norm"] and cfg["norm_output"] and not cfg["norm_before_fc"]
+
+
+@pytest.mark.slow
+def test_eagle3_fusion_is_the_labs(exported, default_target):
+    """vLLM's combine_hidden_states with fc_norm (one RMSNorm per layer's chunk, then fc) on the
+    exported weights gives the lab's fused state."""
+    lab = load_eagle3_draft(default_target).float()
+    with safe_open(str(exported["eagle3"] / "model.safetensors"), framework="pt") as f:
+        fc = f.get_tensor("fc.weight").float()
+        norms = [f.get_tensor(f"fc_norm.{i}.weight").float() for i in range(3)]
+    eps = json.loads((exported["eagle3"] / "config.json").read_text())["rms_norm_eps"]
+    states = torch.randn(5, 3 * 576) * torch.tensor([1.0, 10.0, 100.0]).repeat_interleave(576)
+    chunks = states.chunk(3, dim=-1)
+    vllm = F.linear(torch.cat([F.rms_norm(c, (576,), w, eps) for c, w in zip(chunks, norms)], -1), fc)
+    assert torch.allclose(vllm, lab.fuse_states(states).float(), rtol=2e-3, atol=2e-3)
