@@ -45,7 +45,8 @@ def test_llama_cpp_speculative_with_the_exported_draft_is_its_own_greedy_decode(
 def test_stored_peer_run_is_complete_and_consistent():
     doc = json.loads(DOC.read_text())
     k, s = doc["config"]["k"], doc["config"]["self_k"]
-    names = {"lab_ar", f"lab_spec_k{k}", f"lab_self_k{s}", "lab_int4_decode", "llamacpp_ar", f"llamacpp_spec_k{k}"}
+    names = {"lab_ar", f"lab_spec_k{k}", f"lab_self_k{s}", "lab_int4_decode", "llamacpp_ar", f"llamacpp_spec_k{k}",
+             f"llamacpp_spec_k{k}_f16", "llamacpp_draft_alone"}
     assert set(doc["systems"]) == names
     rows = doc["systems"]
     assert rows["lab_ar"]["vs_lab_ar"]["ratio"] == pytest.approx(1.0)
@@ -58,6 +59,11 @@ def test_stored_peer_run_is_complete_and_consistent():
     assert rows[f"lab_spec_k{k}"]["same_output_as_lab_ar"] == 1.0
     assert rows[f"lab_self_k{s}"]["same_output_as_lab_ar"] == 1.0
     assert rows[f"llamacpp_spec_k{k}"]["same_output_as_llamacpp_ar"] == 1.0
+    assert rows[f"llamacpp_spec_k{k}_f16"]["same_output_as_llamacpp_ar"] == 1.0
+    # c from the servers' decode rates: the draft alone against the target alone
+    rate = {n: rows[n]["server_decode_tokens_per_second"] for n in ("llamacpp_ar", "llamacpp_draft_alone")}
+    c = rate["llamacpp_ar"] / rate["llamacpp_draft_alone"]
+    assert doc["c"]["llamacpp"] == pytest.approx(c) and 0 < doc["c"]["lab"] < 1
     assert "llama-server" in rows["llamacpp_ar"]["command"][0]
     table = format_peer(doc)
     assert table.count("\n") == len(names) + 1 and "llama.cpp, exported draft" in table

@@ -43,6 +43,7 @@ from ..io.assets import ensure_default_target, ensure_gguf
 from ..io.export import export_gguf_draft
 from ..io.pair import default_draft_dir
 from ..train.acceptance import measure_step_costs
+from ..train.prompts import BENCH_PROMPTS
 from .run import BenchConfig, first_difference, ratio_interval, run_systems
 from .systems import System
 
@@ -177,7 +178,6 @@ def _lab_system(name, label, generate, k=None):
 
 def run_peer_bench(cfg: PeerConfig, log=None) -> dict:
     """Every system on every prompt, greedy; returns the JSON document (docs/peer_llamacpp.json)."""
-    from ..train.prompts import BENCH_PROMPTS
     torch.set_num_threads(cfg.threads)
     pair = load_default_pair()
     target, draft = pair.target, pair.draft
