@@ -107,6 +107,8 @@ class SpeculativeEngine(Engine):
         target_cache = target.new_cache(capacity) if factory is None else factory(
             target.cfg, capacity, dtype=target.dtype, device=target.device)
         drafter = make_drafter(target, draft, capacity, factory, target_cache)
+        if callable(getattr(drafter, "fit", None)) and (drafter.max_seq_len or capacity) < capacity:
+            drafter.fit(capacity)  # a drafter built before its engine (LookupThenModelDrafter) takes the engine's size
         super().__init__(target, drafter, k=k, cache=target_cache, verifier=verifier, tokenizer=tokenizer)
         self.cache_kind, self.block_size = cache, block_size
 
@@ -114,7 +116,8 @@ class SpeculativeEngine(Engine):
 class LookupThenModelDrafter(LookupDrafter):
     """Prompt lookup where the context repeats itself, the draft model everywhere else
     (drafters/lookup.py). `draft`: a Transformer or a FeatureDraft; `stop_below`: the model
-    drafter's early stop (drafters.ModelDrafter)."""
+    drafter's early stop (drafters.ModelDrafter). `capacity`: the draft cache's positions until an
+    engine takes the drafter: SpeculativeEngine re-sizes it to its own max_seq_len."""
 
     def __init__(self, draft, capacity=2048, min_match=2, max_ngram=4, stop_below=None):
         super().__init__(_model_drafter(draft, capacity, stop_below=stop_below), min_match, max_ngram)

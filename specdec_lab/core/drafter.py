@@ -1,28 +1,19 @@
 """The drafter protocol: the only thing the engine knows about whatever drafts.
 
-A drafter proposes d_1..d_k and the q each was drawn from, and hears the
-target's verdict. The engine calls, for one generation:
+A drafter proposes d_1..d_k and the q each was drawn from, and hears the target's verdict:
 
     drafter.prefill(prompt_ids, hidden)      once; the prompt's last token stays pending
     drafter.propose(k, sampling, generator)  -> (ids (k',) int64 on the target's device, k' <= k,
                                                  q (k', V) float32, or None: one-hot at the ids)
     drafter.commit(verdict, hidden)          after each step
 
-and, for a wrapper such as prompt lookup (drafters/lookup.py) around another drafter,
-`device`, `reset()` and `queue(tokens, hidden)`: the Drafter protocol below declares them all.
-
-`host_syncs` counts the host reads and host-to-device copies the drafter has made so far
-(an early stop reads q(d) per drafted token; prompt lookup copies its proposal to the device):
-the engine adds what a step added to the step's own one read, so what it reports is counted
-where it happens. A drafter that keeps its tokens on the device, as ModelDrafter does with the
-verdict's device tensors, adds nothing.
-
-`needs_hidden` declares that the drafter reads the target's final hidden states (an
-EAGLE-style feature draft): the engine passes (len(prompt) - 1, dim) to prefill and the
-verification forward's (k' + 1, dim) to commit, else None. `hidden_layers` (absent or None for
-the others) names target layers whose residual-stream states it reads instead, concatenated
-(an EAGLE-3-style draft, arXiv 2503.01840). Drafters live in drafters/ and cpu/;
-api.make_drafter builds the right one for what it is given.
+plus `device`, `reset()` and `queue(tokens, hidden)` for a wrapper such as prompt lookup
+(drafters/lookup.py), and `max_seq_len` (optional) for the positions it can hold, which the
+engine checks a request against. `host_syncs` counts the host reads and copies it has made
+(an early stop reads q(d) per token): the engine adds them to the step's own one read.
+`needs_hidden`: it reads the target's final states, (len(prompt) - 1, dim) at prefill and the
+verification forward's (k' + 1, dim) at commit; `hidden_layers` (else None) names the target
+layers whose residual-stream states it reads instead, concatenated (EAGLE-3, arXiv 2503.01840).
 """
 from dataclasses import dataclass
 from typing import Protocol

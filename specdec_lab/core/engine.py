@@ -46,11 +46,12 @@ def check_generate_args(max_new_tokens, temperature, top_p, top_k=0):
     check_sampling_args(temperature, top_p, top_k)
 
 
-def check_capacity(prompt_len, max_new_tokens, lookahead, capacity, max_seq_len):
-    need = prompt_len + max_new_tokens + lookahead
-    if need > min(capacity, max_seq_len):
+def check_capacity(prompt_len, max_new_tokens, lookahead, limits: dict):
+    """limits: {what: positions}, each a bound on prompt + new tokens + the step's lookahead."""
+    need, (what, n) = prompt_len + max_new_tokens + lookahead, min(limits.items(), key=lambda kv: kv[1])
+    if need > n:
         raise ValueError(f"prompt ({prompt_len} tokens) + max_new_tokens ({max_new_tokens}) + lookahead "
-                         f"({lookahead}) = {need} exceeds the cache capacity {min(capacity, max_seq_len)}")
+                         f"({lookahead}) = {need} exceeds {what}: {n} positions")
 
 
 def check_k(k):
@@ -91,7 +92,8 @@ def autoregressive_generate(model, prompt, max_new_tokens=128, temperature=0.0, 
     ids = encode_prompt(tokenizer, prompt)
     check_token_ids(ids, model.cfg.vocab_size)
     capacity = cache.capacity if cache is not None else len(ids) + max_new_tokens
-    check_capacity(len(ids), max_new_tokens, 0, capacity, max_seq_len or model.cfg.max_seq_len)
+    check_capacity(len(ids), max_new_tokens, 0, {"the cache's capacity": capacity, "max_seq_len": max_seq_len
+                                                 or capacity, "the model's positions": model.cfg.max_seq_len})
     device, eos = model.device, model.cfg.eos_token_ids
     g = make_generator(seed, device)
     cache = cache if cache is not None else model.new_cache(capacity)
@@ -136,7 +138,11 @@ class Engine:
             raise ValueError(f"verifier must be 'device', 'reference' or a function like verify, got {verifier!r}")
         self.target, self.drafter, self.k, self.verifier = target, drafter, k, verifier
         self.cache = cache if cache is not None else target.new_cache(min(2048, target.cfg.max_seq_len))
-        self.max_seq_len = min(self.cache.capacity, target.cfg.max_seq_len)
+        self.limits = {"the cache's capacity (max_seq_len)": self.cache.capacity,  # what refuses a request
+                       "the target's positions": target.cfg.max_seq_len}
+        if getattr(drafter, "max_seq_len", None) is not None:  # a draft model's rotary table, or its cache
+            self.limits["the draft's positions"] = drafter.max_seq_len
+        self.max_seq_len = min(self.limits.values())
         self.tokenizer = tokenizer or getattr(target, "tokenizer", None)
         self.controller = None
 
@@ -149,7 +155,7 @@ class Engine:
             check_k(k)
         check_generate_args(max_new_tokens, temperature, top_p, top_k)
         check_seed(seed)
-        check_capacity(len(ids), max_new_tokens, MAX_K + 1, self.max_seq_len, self.max_seq_len)
+        check_capacity(len(ids), max_new_tokens, MAX_K + 1, self.limits)
         check_token_ids(ids, self.target.cfg.vocab_size)
         sampling, k = SamplingConfig(temperature, top_k, top_p), k or self.k
         device, eos = self.target.device, self.target.cfg.eos_token_ids
@@ -234,7 +240,8 @@ class Engine:
             decision = (verify if self.verifier == "device" else self.verifier)(draft_ids, p, q, u, e,
                                                                                 greedy=sampling.greedy)
         # decision: the device tensor [n, next]; r: the host's reading of it, in the one sync
-        r = read_step(pack_step(decision, draft_ids, p, q, u, sampling.greedy), k, sampling.greedy)
+        packed = pack_step(decision, draft_ids, p, q, u, sampling.greedy)
+        r = read_step(packed.tolist(), k, sampling.greedy)  # sync: the one per step
 
         # 4. Commit: the target keeps c, d_1..d_n; the drafter hears the verdict; next becomes c.
         drop_rejected(self.cache, fed=k + 1, kept=r.num_accepted + 1)

@@ -4,7 +4,8 @@ The same function turns the target's logits into p and the draft's into q, so
 temperature, top-k and top-p act identically on both; speculative sampling is
 lossless with respect to *this* processed p (arXiv 2211.17192, section 2.3).
 
-Temperature 0 is greedy: one-hot at the argmax, nothing divided by zero. Drawing is
+Temperature 0 is greedy: one-hot at the argmax, nothing divided by zero; (0, MIN_TEMPERATURE) is
+refused (logits / 1e-45 overflow float32 into a NaN softmax; vLLM reads below 1e-5 as greedy). Drawing is
 inverse-CDF sampling on the device (searchsorted, no .item()): one uniform per row, where
 the exponential race would draw V exponentials (about 1 ms against 0.05 ms over 49152
 tokens on this project's CPU), from an explicit torch.Generator so seeded runs repeat.
@@ -13,10 +14,13 @@ import math
 
 import torch
 
+MIN_TEMPERATURE = 1e-5  # the smallest temperature that samples; 0 is greedy
+
 
 def check_sampling_args(temperature, top_p, top_k=0):
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not 0 <= temperature < math.inf:
-        raise ValueError(f"temperature must be a finite number >= 0 (0 is greedy), got {temperature!r}")
+    if (isinstance(temperature, bool) or not isinstance(temperature, (int, float))
+            or not (temperature == 0 or MIN_TEMPERATURE <= temperature < math.inf)):
+        raise ValueError(f"temperature must be 0 (greedy) or a finite number >= {MIN_TEMPERATURE}, got {temperature!r}")
     if isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not (0.0 < top_p <= 1.0):
         raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
@@ -60,10 +64,7 @@ def exponential_noise(n: int, generator: torch.Generator | None = None, device="
 
 def make_generator(seed, device) -> torch.Generator:
     g = torch.Generator(device=device)
-    if seed is None:
-        g.seed()
-    else:
-        g.manual_seed(int(seed))
+    g.seed() if seed is None else g.manual_seed(int(seed))
     return g
 
 

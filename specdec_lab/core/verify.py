@@ -117,18 +117,17 @@ class StepReadout:
 
 
 def pack_step(verdict, draft_ids, p, q, u, greedy) -> torch.Tensor:
-    """[n, next, d_1..d_K, p(d), q(d), u] as one float tensor on the device (ids < 2^24 are exact)."""
-    k = draft_ids.shape[0]
-    if greedy:  # the processed distributions are one-hot: p(d) is 1 where the argmaxes agree
-        p_d, q_d = (p[:k].argmax(-1) == draft_ids).float(), torch.ones(k, device=p.device)
-    else:
-        idx = torch.arange(k, device=p.device)
-        p_d = p[idx, draft_ids]
-        q_d = torch.ones(k, device=p.device) if q is None else q[idx, draft_ids]
-    return torch.cat([verdict.float(), draft_ids.float(), p_d, q_d, u])
+    """[n, next, d_1..d_K, p(d), q(d), u] as one float tensor on the device (ids < 2^24 are exact).
+    Rows may be batched, (B, 2) verdicts with (B, K) ids padded by -1 (serve/): then (B, 2 + 4K)."""
+    d, K = draft_ids.clamp(min=0).unsqueeze(-1), draft_ids.shape[-1]  # (..., K, 1): padding reads token 0
+    p_d = ((p[..., :K, :].argmax(-1) == draft_ids).float() if greedy  # one-hot p: 1 where the argmaxes agree
+           else p[..., :K, :].gather(-1, d).squeeze(-1))  # (..., K)
+    q_d = torch.ones_like(p_d) if greedy or q is None else q.gather(-1, d).squeeze(-1)  # (..., K)
+    return torch.cat([verdict.float(), draft_ids.float(), p_d, q_d, u], -1)
 
 
-def read_step(packed, k, greedy) -> StepReadout:
-    host = packed.tolist()  # sync: the one per step
-    return StepReadout(int(host[0]), int(host[1]), [int(t) for t in host[2:2 + k]], host[2 + k:2 + 2 * k],
-                       host[2 + 2 * k:2 + 3 * k], [] if greedy else host[2 + 3 * k:])
+def read_step(host, k, greedy, K=None) -> StepReadout:
+    """One row of pack_step's output, already read to the host (a list): its first k drafts of K."""
+    K = k if K is None else K
+    return StepReadout(int(host[0]), int(host[1]), [int(t) for t in host[2:2 + k]], host[2 + K:2 + K + k],
+                       host[2 + 2 * K:2 + 2 * K + k], [] if greedy else host[2 + 3 * K:2 + 3 * K + k])

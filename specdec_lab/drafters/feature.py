@@ -111,11 +111,21 @@ class FeatureDrafter:
                                        or not 0.0 < stop_below < 1.0):
             raise ValueError(f"stop_below must be None or a number in (0, 1), got {stop_below!r}")
         self.model, self.stop_below = model, stop_below  # as ModelDrafter's: stop after an unsure token
-        # cache_factory (cfg, capacity, dtype=, device=) -> a cache; None: the body's own (new_cache)
-        self.cache = model.body.new_cache(capacity) if cache_factory is None else cache_factory(
-            model.body.cfg, capacity, dtype=model.dtype, device=model.device)
+        self.cache_factory = cache_factory  # (cfg, capacity, dtype=, device=) -> a cache; None: body.new_cache
         self.host_syncs = 0
+        self.fit(capacity)
+
+    def fit(self, capacity):
+        """A new, empty cache of `capacity` positions: the engine that owns the drafter sizes it."""
+        body, factory = self.model.body, self.cache_factory
+        self.cache = body.new_cache(capacity) if factory is None else factory(
+            body.cfg, capacity, dtype=self.model.dtype, device=self.model.device)
         self.reset()
+
+    @property
+    def max_seq_len(self) -> int:
+        """The positions it can hold: its cache's, within the draft body's rotary table."""
+        return min(self.cache.capacity, self.model.body.cfg.max_seq_len)
 
     @property
     def device(self):

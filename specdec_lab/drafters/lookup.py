@@ -28,6 +28,15 @@ class LookupDrafter:
         self.lookup_steps = self.model_steps = 0
 
     @property
+    def max_seq_len(self):
+        return getattr(self.model, "max_seq_len", None)  # the inner drafter's positions (None: no limit of its own)
+
+    def fit(self, capacity):
+        if callable(getattr(self.model, "fit", None)):
+            self.model.fit(capacity)
+        self.reset()
+
+    @property
     def host_syncs(self) -> int:
         return self.lookup.host_syncs + self.model.host_syncs
 

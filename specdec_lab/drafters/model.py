@@ -32,11 +32,21 @@ class ModelDrafter:
                                        or not 0.0 < stop_below < 1.0):
             raise ValueError(f"stop_below must be None or a number in (0, 1), got {stop_below!r}")
         self.model, self.stop_below = model, stop_below
-        # cache_factory (cfg, capacity, dtype=, device=) -> a cache; None: the model's own (new_cache)
-        self.cache = model.new_cache(capacity) if cache_factory is None else cache_factory(
-            model.cfg, capacity, dtype=model.dtype, device=model.device)
+        self.cache_factory = cache_factory  # (cfg, capacity, dtype=, device=) -> a cache; None: model.new_cache
         self.host_syncs = 0  # host reads and copies so far (the early stop's)
+        self.fit(capacity)
+
+    def fit(self, capacity):
+        """A new, empty cache of `capacity` positions: the engine that owns the drafter sizes it."""
+        model, factory = self.model, self.cache_factory
+        self.cache = model.new_cache(capacity) if factory is None else factory(
+            model.cfg, capacity, dtype=model.dtype, device=model.device)
         self.reset()
+
+    @property
+    def max_seq_len(self) -> int:
+        """The positions it can hold: its cache's, within the draft's rotary table."""
+        return min(self.cache.capacity, self.model.cfg.max_seq_len)
 
     def reset(self):
         self.cache.reset()
@@ -81,12 +91,17 @@ class ModelDrafter:
         self.pending = torch.cat([self.pending, tokens])
 
     def commit(self, verdict: Verdict, hidden=None):
-        k, n = verdict.k, verdict.num_accepted
         committed = verdict.committed_ids(self.model.device)  # d_1..d_n, next: (n + 1,) on the device
-        if k == 0:
-            self.pending = torch.cat([self.pending, committed])
-        elif n < k:  # the cache holds pending + d_1..d_{k-1}; keep pending + d_1..d_n
-            drop_rejected(self.cache, fed=k - 1, kept=n)
-            self.pending = committed[-1:]
-        else:
-            self.pending = committed[-2:]  # d_k, next: d_k was never fed to the draft
+        self.pending = commit_draft(self.cache, self.pending, verdict.k, verdict.num_accepted, committed)
+
+
+def commit_draft(cache, pending, k, n, committed):
+    """The cache invariant after a verdict (module docstring): roll `cache` back and return the new
+    pending tokens. The draft fed pending + d_1..d_{k-1}; committed is d_1..d_n, next (n + 1,).
+    The batched server (serve/engine.py) keeps each row's draft cache by the same rule."""
+    if k == 0:
+        return torch.cat([pending, committed])
+    if n < k:  # the cache holds pending + d_1..d_{k-1}; keep pending + d_1..d_n
+        drop_rejected(cache, fed=k - 1, kept=n)
+        return committed[-1:]
+    return committed[-2:]  # d_k, next: d_k was never fed to the draft

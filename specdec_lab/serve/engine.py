@@ -9,6 +9,9 @@ One step over the batch (the single engine's four steps, docs/design.md, done fo
   4. commit: row b keeps d_1..d_{n_b} and its next token, rolls its target cache back to
      [c, d_1..d_{n_b}], and its draft cache follows (the ModelDrafter invariant: the draft's
      cache holds every committed token except its pending ones).
+A step is a transaction: whatever raises inside it (a forward, the verifier, an out-of-memory),
+every sequence's cache lengths and blocks, pending tokens, output and generator are put back as
+they were before the step, and the error goes on to the caller (docs/design.md, "Faults").
 A row with k_b = 0 is plain decoding inside the batch. Randomness is per row: each sequence
 draws from its own generator, in an order that depends on its own k_b only, so its tokens do
 not depend on its neighbours. Memory is per row: kv.PagedBatchKV gives each sequence its own
@@ -18,6 +21,7 @@ The engine knows token ids only; the scheduler (scheduler.py) decides which sequ
 and with which K. The draft is a Transformer (a token draft), or None for plain decoding.
 """
 import time
+import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -25,11 +29,14 @@ import torch.nn.functional as F
 
 from ..core.config import MAX_K, SamplingConfig
 from ..core.engine import cut_at_eos
+from ..core.kv_cache import drop_rejected
 from ..core.records import StepRecord
-from ..core.sampling import draft_token, exponential_noise, logits_to_probs
+from ..core.sampling import draft_token, exponential_noise, logits_to_probs, make_generator
+from ..core.verify import pack_step, read_step
+from ..drafters.model import commit_draft
 from .forward import hidden
 from .kv import PagedBatchKV, PaddedBatchKV
-from .verify import verify_batch
+from .verify import num_accepted, verify_batch
 
 
 @dataclass
@@ -43,7 +50,11 @@ class Sequence:
     eos_ids: tuple = ()
     k: int = 0  # draft length for the next step
     output: list = field(default_factory=list)  # generated ids
-    steps: list = field(default_factory=list)  # StepRecord per step
+    steps: list = field(default_factory=list)  # StepRecord per step, when keep_steps
+    keep_steps: bool = True  # False: count the steps, keep no records (a long-running server)
+    num_steps: int = 0  # steps taken
+    drafted: int = 0  # draft tokens verified, over all steps
+    accepted: int = 0  # of which accepted
     seq_id: int = -1  # id in the engine's caches while it holds them
     c: torch.Tensor | None = None  # (1,) the target's pending token, on the device
     pending: torch.Tensor | None = None  # (T,) committed tokens the draft has not seen, on the device
@@ -90,7 +101,14 @@ class BatchEngine:
             raise ValueError(f"draft vocabulary ({draft.cfg.vocab_size}) differs from the target's "
                              f"({target.cfg.vocab_size}); the draft must share the target's tokenizer")
         self.target, self.draft, self.verifier = target, draft, verifier
-        self.max_seq_len = min(max_seq_len or target.cfg.max_seq_len, target.cfg.max_seq_len)
+        limits = {"the target's positions": target.cfg.max_seq_len}
+        if draft is not None:
+            limits["the draft's positions"] = draft.cfg.max_seq_len
+        self.max_seq_len = min([max_seq_len or target.cfg.max_seq_len, *limits.values()])
+        if max_seq_len and max_seq_len > self.max_seq_len:
+            what = min(limits, key=limits.get)
+            warnings.warn(f"max_seq_len {max_seq_len} exceeds {what} ({self.max_seq_len}): the engine holds "
+                          f"{self.max_seq_len} positions per sequence", stacklevel=3)
 
         def make(model):
             if kv == "paged":
@@ -148,7 +166,32 @@ class BatchEngine:
 
     @torch.inference_mode()
     def step(self, seqs) -> BatchRecord:
-        """One speculative step for every sequence in `seqs` (prefilled, not finished)."""
+        """One speculative step for every sequence in `seqs` (prefilled, not finished). If anything
+        raises, every sequence is as it was before the step (a transaction) and the error propagates."""
+        saved = [self._save(s) for s in seqs]
+        try:
+            return self._step(seqs)
+        except BaseException:
+            for s, state in zip(seqs, saved):
+                self._restore(s, state)
+            raise
+
+    def _save(self, s):
+        """What a step changes in a sequence: its caches' lengths, pending tokens, output, counts, and
+        generator (a greedy row draws nothing from it). Host values only: no sync."""
+        lengths = [kv.lengths[s.seq_id] for kv in (self.target_kv, self.draft_kv) if kv is not None]
+        rng = None if s.sampling.greedy else s.generator.get_state()
+        return lengths, s.c, s.pending, len(s.output), len(s.steps), (s.num_steps, s.drafted, s.accepted), rng
+
+    def _restore(self, s, state):
+        lengths, s.c, s.pending, n_out, n_steps, (s.num_steps, s.drafted, s.accepted), rng = state
+        for kv, n in zip([kv for kv in (self.target_kv, self.draft_kv) if kv is not None], lengths):
+            kv.rollback(s.seq_id, n)  # frees the blocks the step took (paged)
+        del s.output[n_out:], s.steps[n_steps:]
+        if rng is not None:
+            s.generator.set_state(rng)
+
+    def _step(self, seqs) -> BatchRecord:
         ks = [self.step_k(s) for s in seqs]
         t0 = time.perf_counter()
         drafts, qs, forwards = self._draft(seqs, ks)
@@ -157,7 +200,9 @@ class BatchEngine:
         logits = self._score(seqs, ks, drafts, K)  # (B, K+1, V)
         D, P, Q, U, E = self._draws(seqs, ks, drafts, qs, logits, K)
         verdict = self.verifier(D, P, Q, U, E)  # (B, K+1), -1 in unused slots
-        host = _pack(verdict, D, P, Q, U).tolist()  # sync: the one host read per step, for the whole batch
+        n = num_accepted(verdict)  # (B,)
+        decision = torch.stack([n, verdict.gather(1, n.view(-1, 1)).squeeze(1)], 1)  # (B, 2) [n, next]
+        host = pack_step(decision, D, P, Q, U, greedy=False).tolist()  # sync: the one host read per step
         records = self._commit(seqs, ks, verdict, host, K, t1 - t0, time.perf_counter() - t1)
         return BatchRecord(records, t1 - t0, time.perf_counter() - t1, 1, forwards)
 
@@ -215,58 +260,34 @@ class BatchEngine:
         return torch.stack(D), torch.stack(P), torch.stack(Q), torch.stack(U), torch.stack(E)
 
     def _commit(self, seqs, ks, verdict, host, K, draft_seconds, target_seconds):
+        """Row b keeps c, d_1..d_n in the target's cache (the single engine's drop_rejected) and its
+        draft cache follows (ModelDrafter's rule, commit_draft); its next token becomes its c."""
         records = []
         for b, (s, k) in enumerate(zip(seqs, ks)):
-            row = host[b]
-            tokens = [int(t) for t in row[:K + 1] if t >= 0]
-            n = len(tokens) - 1
-            base = self.target_kv.lengths[s.seq_id] - (k + 1)
-            self.target_kv.rollback(s.seq_id, base + 1 + n)  # keep c, d_1..d_n
-            committed = verdict[b, :n + 1]  # (n+1,) on the device
+            r = read_step(host[b], k, s.sampling.greedy, K)  # one-hot p and q: p(d), q(d) as the engine's
+            n = r.num_accepted
+            drop_rejected(self.target_kv.row(s.seq_id), fed=k + 1, kept=n + 1)
+            committed = verdict[b, :n + 1]  # (n+1,) d_1..d_n, next on the device
             s.c = committed[-1:]
             if self.draft is not None:
-                self._draft_commit(s, k, n, committed)
-            rec = StepRecord(step=len(s.steps), k=k, drafted=[int(t) for t in row[:k]] if k else [],
-                             num_accepted=n, next_token=tokens[-1],
-                             p_draft=row[K + 1:K + 1 + k], q_draft=row[2 * K + 1:2 * K + 1 + k],
-                             uniforms=[] if s.sampling.greedy else row[3 * K + 1:3 * K + 1 + k],
+                s.pending = commit_draft(self.draft_kv.row(s.seq_id), s.pending, k, n, committed)
+            rec = StepRecord(step=s.num_steps, k=k, drafted=r.drafted, num_accepted=n, next_token=r.next_token,
+                             p_draft=r.p_draft, q_draft=r.q_draft, uniforms=r.uniforms,
                              draft_seconds=draft_seconds, target_seconds=target_seconds, syncs=1)
-            rec.committed = cut_at_eos(tokens, s.max_new_tokens - len(s.output), s.eos_ids)
+            rec.committed = cut_at_eos(r.drafted[:n] + [r.next_token], s.max_new_tokens - len(s.output), s.eos_ids)
             s.output += rec.committed
-            s.steps.append(rec)
+            s.num_steps, s.drafted, s.accepted = s.num_steps + 1, s.drafted + k, s.accepted + n
+            if s.keep_steps:
+                s.steps.append(rec)
             records.append(rec)
         return records
-
-    def _draft_commit(self, s, k, n, committed):
-        """The draft's cache holds pending + d_1..d_{k-1} after drafting: keep pending + d_1..d_n."""
-        if k == 0:
-            s.pending = torch.cat([s.pending, committed])
-        elif n < k:
-            self.draft_kv.rollback(s.seq_id, self.draft_kv.lengths[s.seq_id] - (k - 1) + n)
-            s.pending = committed[-1:]
-        else:
-            s.pending = committed[-2:]  # d_k was never fed to the draft
-
-
-def _pack(verdict, D, P, Q, U) -> torch.Tensor:
-    """[verdict, p(d), q(d), u] per row, as one (B, 4K + 1) float tensor (ids < 2^24 are exact)."""
-    K = D.shape[1]
-    d = D.clamp(min=0).unsqueeze(-1)  # (B, K, 1)
-    p_d = P[:, :K].gather(-1, d).squeeze(-1)  # (B, K)
-    q_d = Q.gather(-1, d).squeeze(-1)  # (B, K)
-    return torch.cat([verdict.float(), p_d, q_d, U], 1)
 
 
 def make_sequence(prompt_ids, max_new_tokens=32, temperature=0.0, top_p=1.0, top_k=0, seed=0, k=4,
                   eos_ids=(), device="cpu") -> Sequence:
     """A Sequence with its own generator (seeded: a row's tokens repeat alone or in any batch)."""
-    g = torch.Generator(device=device)
-    if seed is None:
-        g.seed()
-    else:
-        g.manual_seed(int(seed))
-    return Sequence(list(prompt_ids), SamplingConfig(temperature, top_k, top_p), g, max_new_tokens,
-                    tuple(eos_ids), k=k)
+    return Sequence(list(prompt_ids), SamplingConfig(temperature, top_k, top_p), make_generator(seed, device),
+                    max_new_tokens, tuple(eos_ids), k=k)
 
 
 def run_to_completion(engine, seqs):

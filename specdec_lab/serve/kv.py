@@ -65,6 +65,26 @@ class _BatchKV:
             raise ValueError(f"length must be an int in [0, {self.lengths[seq]}] for seq {seq}, got {length!r}")
         self.lengths[seq] = length
 
+    def row(self, seq: int) -> "RowCache":
+        """Sequence `seq` as a one-sequence cache (length, rollback), for core's rollback helpers."""
+        self._check_seq(seq)
+        return RowCache(self, seq)
+
+
+class RowCache:
+    """One sequence of a _BatchKV seen as a single cache: core.kv_cache.drop_rejected and
+    drafters.model.commit_draft roll it back as they roll back the single engine's caches."""
+
+    def __init__(self, kv, seq):
+        self.kv, self.seq = kv, seq
+
+    @property
+    def length(self) -> int:
+        return self.kv.lengths[self.seq]
+
+    def rollback(self, length: int):
+        self.kv.rollback(self.seq, length)
+
 
 class BatchView:
     """One forward's rows over a _BatchKV: the cache the decoder sees (reserve, attend, advance)."""
