@@ -69,12 +69,25 @@ def test_alpha_is_estimated_from_the_verdicts():
 
 
 def test_bad_policies_are_refused():
-    with pytest.raises(ValueError, match="k = 0"):
+    with pytest.raises(ValueError, match=r"missing \(batch_size, k\): \[\(1, 0\)"):
         GoodputPolicy({(1, 2): 1.0})
     with pytest.raises(ValueError, match="alpha"):
         GoodputPolicy(_costs(lambda b, k: 1.0), alpha=1.0)
     with pytest.raises(ValueError, match="k_max"):
         GoodputPolicy(_costs(lambda b, k: 1.0), k_max=20)
+
+
+def test_a_cost_table_without_every_k_and_bad_weights_are_refused():
+    """Before: an unmeasured K cost what the largest measured smaller K cost, so it looked cheaper
+    than it is and won; prior_weight=0 divided by zero; any decay was taken."""
+    holes = {(b, k): 1.0 + k for b in (1, 2) for k in (0, 1, 2, 4)}  # k = 3 never measured
+    with pytest.raises(ValueError, match=r"missing \(batch_size, k\): \[\(1, 3\), \(2, 3\)\]"):
+        GoodputPolicy(holes, k_max=4)
+    assert GoodputPolicy(holes, k_max=2).k_for(1) in (0, 1, 2), "a k_max the table covers is taken"
+    for kw, word in (({"prior_weight": 0}, "prior_weight"), ({"prior_weight": -1.0}, "prior_weight"),
+                     ({"decay": 0.0}, "decay"), ({"decay": 1.5}, "decay"), ({"alpha": "0.5"}, "alpha")):
+        with pytest.raises(ValueError, match=word):
+            GoodputPolicy(_costs(lambda b, k: 1.0), **kw)
 
 
 def test_the_server_drafts_the_schedules_k_for_each_batch_size():

@@ -92,7 +92,7 @@ def autoregressive_generate(model, prompt, max_new_tokens=128, temperature=0.0, 
     ids = encode_prompt(tokenizer, prompt)
     check_token_ids(ids, model.cfg.vocab_size)
     capacity = cache.capacity if cache is not None else len(ids) + max_new_tokens
-    check_capacity(len(ids), max_new_tokens, 0, {"the cache's capacity": capacity, "max_seq_len": max_seq_len
+    check_capacity(len(ids), max_new_tokens, 0, {"the cache capacity": capacity, "max_seq_len": max_seq_len
                                                  or capacity, "the model's positions": model.cfg.max_seq_len})
     device, eos = model.device, model.cfg.eos_token_ids
     g = make_generator(seed, device)
@@ -138,7 +138,7 @@ class Engine:
             raise ValueError(f"verifier must be 'device', 'reference' or a function like verify, got {verifier!r}")
         self.target, self.drafter, self.k, self.verifier = target, drafter, k, verifier
         self.cache = cache if cache is not None else target.new_cache(min(2048, target.cfg.max_seq_len))
-        self.limits = {"the cache's capacity (max_seq_len)": self.cache.capacity,  # what refuses a request
+        self.limits = {"the cache capacity (max_seq_len)": self.cache.capacity,  # what refuses a request
                        "the target's positions": target.cfg.max_seq_len}
         if getattr(drafter, "max_seq_len", None) is not None:  # a draft model's rotary table, or its cache
             self.limits["the draft's positions"] = drafter.max_seq_len

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 class StepRecord:
     step: int
     k: int  # tokens drafted this step (0 means a plain target step)
-    drafted: list  # the drafted ids d_1..d_k
+    drafted: list  # the drafted ids d_1..d_k, accepted ones first: drafted[:num_accepted] (a tree: its path)
     num_accepted: int
     next_token: int  # the correction (a rejection) or bonus (all accepted) token
     p_draft: list  # p_i(d_i), the target's probability of each drafted token

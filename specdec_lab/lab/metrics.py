@@ -168,7 +168,6 @@ class ServerExporter(PrometheusExporter):
                                          buckets=TOKEN_BUCKETS, registry=r)
         self.request_accepted = Histogram(f"{p}_request_accepted_tokens", "Draft tokens accepted for a request",
                                           buckets=TOKEN_BUCKETS, registry=r)
-        self._seen_finished = 0
         self._seen_preemptions = 0
 
     def on_batch(self, server, record):
@@ -198,14 +197,11 @@ class ServerExporter(PrometheusExporter):
         self.waiting.set(len(server.waiting))
         self.preemptions.inc(server.preemptions - self._seen_preemptions)
         self._seen_preemptions = server.preemptions
-        for h in server.finished[self._seen_finished:]:
+        for h in server.retired:  # the requests that ended since the last step: nothing grows
             self._finished(h)
-        self._seen_finished = len(server.finished)
 
     def _finished(self, h):
-        reason = "cancelled" if h.status == "cancelled" else "failed" if h.status == "failed" else (
-            "eos" if h.seq.output and h.seq.output[-1] in h.seq.eos_ids else "length")
-        self.requests.labels(finished_reason=reason).inc()
+        self.requests.labels(finished_reason=h.finish_reason).inc()
         self.e2e.observe(h.finish_time - h.submit_time)
         out = h.seq.output
         if h.first_token_time is not None:
@@ -213,5 +209,5 @@ class ServerExporter(PrometheusExporter):
             if len(out) > 1:
                 self.tpot.observe((h.finish_time - h.first_token_time) / (len(out) - 1))
         self.request_generated.observe(len(out))
-        self.request_drafted.observe(sum(r.k for r in h.seq.steps))
-        self.request_accepted.observe(sum(r.num_accepted for r in h.seq.steps))
+        self.request_drafted.observe(h.seq.drafted)
+        self.request_accepted.observe(h.seq.accepted)

@@ -6,9 +6,9 @@ verdict on the device), engine (the step), scheduler (continuous batching: Serve
 from .engine import BatchEngine, BatchRecord, Sequence, make_sequence, run_to_completion
 from .kv import PaddedBatchKV, PagedBatchKV
 from .policy import GoodputPolicy, KSchedule, measure_step_costs
-from .scheduler import Completion, Handle, RequestFailed, Server
+from .scheduler import Completion, Handle, RequestFailed, Server, StepError
 from .verify import num_accepted, verify_batch, verify_batch_reference
 
 __all__ = ["BatchEngine", "BatchRecord", "Sequence", "make_sequence", "run_to_completion", "PaddedBatchKV",
            "PagedBatchKV", "num_accepted", "verify_batch", "verify_batch_reference", "Completion", "Handle",
-           "RequestFailed", "Server", "GoodputPolicy", "KSchedule", "measure_step_costs"]
+           "RequestFailed", "StepError", "Server", "GoodputPolicy", "KSchedule", "measure_step_costs"]

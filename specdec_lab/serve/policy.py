@@ -22,6 +22,7 @@ acceptances and, when n < k, one rejection; with i.i.d. acceptance (Leviathan et
 2211.17192) the maximum-likelihood alpha is accepted / (accepted + rejections), kept here as
 decayed sums so that it follows the traffic.
 """
+import math
 import time
 
 import torch
@@ -79,10 +80,18 @@ class GoodputPolicy:
         _check_int("k_max", k_max, 0, MAX_K)
         if not costs or not all(isinstance(b, int) and isinstance(k, int) and s > 0 for (b, k), s in costs.items()):
             raise ValueError("costs must map (batch_size, k) int pairs to positive seconds")
-        if not all((b, 0) in costs for b, _ in costs):
-            raise ValueError("costs must include k = 0 (plain batched decoding) for every batch size it covers")
-        if not 0.0 <= alpha < 1.0:
+        sizes = sorted({b for b, _ in costs})
+        missing = [(b, k) for b in sizes for k in range(k_max + 1) if (b, k) not in costs]
+        if missing:  # an unmeasured K would borrow a smaller K's cost and look cheaper than it is
+            raise ValueError(f"costs must hold every k in [0, k_max={k_max}] for every batch size they cover "
+                             f"{sizes}; missing (batch_size, k): {missing[:8]}")
+        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0.0 <= alpha < 1.0:
             raise ValueError(f"alpha must be in [0, 1), got {alpha!r}")
+        if isinstance(prior_weight, bool) or not isinstance(prior_weight, (int, float)) or not 0 < prior_weight < math.inf:
+            raise ValueError(f"prior_weight must be a finite number > 0 (drafted positions alpha is worth), "
+                             f"got {prior_weight!r}")
+        if isinstance(decay, bool) or not isinstance(decay, (int, float)) or not 0.0 < decay <= 1.0:
+            raise ValueError(f"decay must be in (0, 1] (1 forgets nothing), got {decay!r}")
         self.costs = dict(costs)
         self.k_max, self.decay = k_max, decay
         self.accepted, self.rejected = alpha * prior_weight, (1.0 - alpha) * prior_weight
@@ -97,9 +106,7 @@ class GoodputPolicy:
         return max(self._interpolated(batch_size, kk) for kk in range(k + 1))
 
     def _interpolated(self, batch_size: int, k: int) -> float:
-        sizes = sorted(b for b, kk in self.costs if kk == k)
-        if not sizes:
-            return 0.0  # not measured: the smaller K's cost stands
+        sizes = sorted(b for b, kk in self.costs if kk == k)  # every K is measured: __init__ checks
         if batch_size <= sizes[0]:
             return self.costs[(sizes[0], k)]  # below the table: no cheaper than its smallest batch
         if batch_size >= sizes[-1]:

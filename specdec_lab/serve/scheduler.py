@@ -20,6 +20,15 @@ The shape of nano-vllm's scheduler: two queues, `waiting` and `running`. Each `s
      request only; retire rows at EOS or their budget and free their blocks at once.
 Bad input to `submit` raises ValueError there and leaves the server unchanged. Every admitted
 request ends finished, cancelled or failed with its error, and then holds no block.
+
+Faults (docs/design.md has the table). A batched step is a transaction (engine.py): when it
+raises, nothing changed, and `step()` raises StepError with the cause; the next step() works.
+After `fault_limit` failed steps in a row the server steps each row alone, and a row that still
+fails fails its own request. A prefill that fails is retried row by row, so only the request
+that cannot be prefilled fails. A callback that steps the server (waits on another request)
+gets a RuntimeError, which fails its own request. A stream closed or dropped before its end
+cancels its request. Finished requests leave the server: it keeps only what runs and waits, and
+the handles the callers hold; `retired` lists the requests that ended since the last step.
 """
 import time
 from collections import deque
@@ -32,12 +41,17 @@ from ..core.engine import check_generate_args, check_seed, check_token_ids
 from ..core.sampling import make_generator
 from ..core.text import encode_prompt
 from ..paged import blocks_for
-from .engine import BatchEngine, Sequence
+from .engine import BatchEngine, BatchRecord, Sequence
 from .verify import verify_batch
 
 
 class RequestFailed(RuntimeError):
-    """A request ended with an error (its callback raised); the others ran on."""
+    """A request ended with an error (its callback, its prefill or its own step raised); the others ran on."""
+
+
+class StepError(RuntimeError):
+    """A batched step raised (the cause is chained). Nothing changed: caches, blocks, outputs and
+    generators are as before the step, and the next step() runs it again."""
 
 
 @dataclass
@@ -76,48 +90,65 @@ class Handle:
             self.server._cancel(self)
 
     def stream(self):
-        """Yield the new tokens of each step (lists), stepping the server until this request is done."""
+        """Yield the new tokens of each step (lists), stepping the server until this request is done.
+        Closing the generator before the end (close(), or dropping it) cancels the request."""
         seen = 0
-        while True:
-            out = self.seq.output
-            if len(out) > seen:
-                yield list(out[seen:])
-                seen = len(out)
-            if self.done:
-                break
-            self.server.step()
+        try:
+            while True:
+                out = self.seq.output
+                if len(out) > seen:
+                    yield list(out[seen:])
+                    seen = len(out)
+                if self.done:
+                    break
+                self.server.step()
+        except GeneratorExit:  # the reader went away: its blocks go back to the pool
+            self.cancel()
+            raise
         if self.status == "failed":
             raise RequestFailed(f"request {self.id} failed: {self.error!r}") from self.error
 
     def result(self) -> Completion:
-        """Step the server until this request is done; its Completion, or RequestFailed."""
+        """Step the server until this request is done; its Completion, or RequestFailed. A StepError
+        (a failed batched step, which changed nothing) reaches the caller; calling again resumes."""
         while not self.done:
             self.server.step()
         if self.status == "failed":
             raise RequestFailed(f"request {self.id} failed: {self.error!r}") from self.error
         out = self.seq.output
-        if self.status == "cancelled":
-            reason = "cancelled"
-        else:
-            reason = "eos" if out and out[-1] in self.seq.eos_ids else "length"
         text = self.server.tokenizer.decode(out, skip_special_tokens=True) if self.server.tokenizer else None
-        return Completion(list(out), text, reason, list(self.seq.steps), self.preemptions)
+        return Completion(list(out), text, self.finish_reason, list(self.seq.steps), self.preemptions)
+
+    @property
+    def finish_reason(self) -> str | None:
+        """"eos", "length", "cancelled" or "failed"; None while it waits or runs."""
+        if not self.done:
+            return None
+        if self.status != "finished":
+            return self.status
+        out = self.seq.output
+        return "eos" if out and out[-1] in self.seq.eos_ids else "length"
 
 
 class Server:
     """Continuous batching over a BatchEngine (paged memory). `k`: the draft length, an int for
     every step, or a policy (policy.py) with k_for(batch_size) and observe(record); 0 or no draft
     is plain batched decoding. `num_blocks` per model's pool; `on_batch(server, record)` hears
-    every step (the metrics exporter's hook)."""
+    every step (the metrics exporter's hook). `max_seq_len` above the target's or the draft's
+    positions is sized down to them, with a warning. `keep_steps=False`: requests keep no StepRecords
+    (their counts only). `fault_limit`: failed steps in a row before rows are stepped alone.
+    `history`: steps `k_history` remembers."""
 
     def __init__(self, target, draft=None, max_batch=8, num_blocks=None, block_size=16, max_seq_len=2048, k=4,
-                 tokenizer=None, on_batch=None, verifier=verify_batch):
-        for name, v, lo in (("max_batch", max_batch, 1), ("block_size", block_size, 1), ("max_seq_len", max_seq_len, 2)):
+                 tokenizer=None, on_batch=None, verifier=verify_batch, keep_steps=True, fault_limit=2,
+                 history=4096):
+        for name, v, lo in (("max_batch", max_batch, 1), ("block_size", block_size, 1), ("max_seq_len", max_seq_len, 2),
+                            ("fault_limit", fault_limit, 1), ("history", history, 1)):
             if isinstance(v, bool) or not isinstance(v, int) or v < lo:
                 raise ValueError(f"{name} must be an int >= {lo}, got {v!r}")
-        max_seq_len = min(max_seq_len, target.cfg.max_seq_len)
+        limits = [target.cfg.max_seq_len] + ([draft.cfg.max_seq_len] if draft is not None else [])
         if num_blocks is None:
-            num_blocks = max_batch * blocks_for(max_seq_len, block_size)
+            num_blocks = max_batch * blocks_for(min([max_seq_len, *limits]), block_size)
         if isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks < 1:
             raise ValueError(f"num_blocks must be an int >= 1, got {num_blocks!r}")
         if isinstance(k, bool) or not (isinstance(k, int) and 0 <= k <= MAX_K or hasattr(k, "k_for")):
@@ -126,15 +157,21 @@ class Server:
                                   verifier=verifier)
         self.max_batch, self.block_size, self.k = max_batch, block_size, k
         self.tokenizer = tokenizer or getattr(target, "tokenizer", None)
-        self.on_batch = on_batch
+        self.on_batch, self.keep_steps, self.fault_limit = on_batch, keep_steps, fault_limit
         self.waiting: deque[Handle] = deque()
         self.running: list[Handle] = []
-        self.finished: list[Handle] = []
+        self.retired: list[Handle] = []  # requests that ended since the last step's on_batch
         self.steps = 0
         self.preemptions = 0
-        self.k_history: list[tuple[int, int]] = []  # (batch size, the policy's K) per step
+        self.faults = 0  # failed steps in a row
+        self._k_history: deque[tuple[int, int]] = deque(maxlen=history)  # (batch size, the policy's K) per step
         self.k_now = 0
         self._next_id = 0
+
+    @property
+    def k_history(self) -> list:
+        """(batch size, the policy's K) of the last `history` steps."""
+        return list(self._k_history)
 
     # -- requests ------------------------------------------------------------------
 
@@ -153,13 +190,15 @@ class Server:
         need = len(ids) + max_new_tokens + MAX_K + 1
         if need > self.engine.max_seq_len:
             raise ValueError(f"prompt ({len(ids)} tokens) + max_new_tokens ({max_new_tokens}) + lookahead "
-                             f"({MAX_K + 1}) = {need} exceeds max_seq_len {self.engine.max_seq_len}")
+                             f"({MAX_K + 1}) = {need} exceeds the server's max_seq_len, {self.engine.max_seq_len} "
+                             f"positions (the target holds {target.cfg.max_seq_len}"
+                             + (f", the draft {self.engine.draft.cfg.max_seq_len})" if self.engine.draft else ")"))
         pool = self.engine.target_kv.num_blocks
         if blocks_for(need, self.block_size) > pool:
             raise ValueError(f"max_new_tokens ({max_new_tokens}): the request needs up to "
                              f"{blocks_for(need, self.block_size)} blocks alone, the pool has {pool}")
         seq = Sequence(ids, SamplingConfig(temperature, top_k, top_p), make_generator(seed, target.device),
-                       max_new_tokens, tuple(target.cfg.eos_token_ids))
+                       max_new_tokens, tuple(target.cfg.eos_token_ids), keep_steps=self.keep_steps)
         handle = Handle(self, self._next_id, seq, on_step, MAX_K if k is None else k)
         self._next_id += 1
         handle.submit_time = _now()
@@ -191,7 +230,11 @@ class Server:
     _in_step = False
 
     def step(self):
-        """One scheduling step (module docstring). Returns the BatchRecord, or None when idle."""
+        """One scheduling step (module docstring). Returns the BatchRecord, or None when idle.
+        Raises StepError when the batched step raised; then nothing changed."""
+        if self._in_step:
+            raise RuntimeError("Server.step() was called inside a step: an on_step callback may not wait on a "
+                               "request (result(), stream()) or step the server; it runs between steps' work")
         for h in [h for h in self.running if h.status == "cancelled"]:
             self._retire(h)
         self._admit()
@@ -200,13 +243,12 @@ class Server:
         self._fit_memory()
         self._in_step = True
         try:
-            rows = [h.seq for h in self.running]
-            record = self.engine.step(rows)
+            pairs, record = self._batched_step(list(self.running))
             self.steps += 1
-            self.k_history.append((len(rows), self.k_now))
+            self._k_history.append((record.batch_size, self.k_now))
             if not isinstance(self.k, int):
                 self.k.observe(record)
-            self._deliver(record)
+            self._deliver(pairs)
         finally:
             self._in_step = False
         for h in list(self.running):
@@ -216,7 +258,39 @@ class Server:
                 self._retire(h)
         if self.on_batch is not None:
             self.on_batch(self, record)
+        self.retired = []
         return record
+
+    def _batched_step(self, rows):
+        """The engine's step over `rows`: ([(handle, StepRecord)], BatchRecord). A failed step changed
+        nothing and raises StepError, until `fault_limit` in a row: then each row steps alone."""
+        try:
+            record = self.engine.step([h.seq for h in rows])
+        except Exception as err:
+            self.faults += 1
+            if self.faults < self.fault_limit:
+                raise StepError(f"the batched step over {len(rows)} rows raised {err!r}; nothing changed, "
+                                f"the next step() runs it again") from err
+            return self._isolate(rows)
+        self.faults = 0
+        return list(zip(rows, record.rows)), record
+
+    def _isolate(self, rows):
+        """Step each row alone; a row whose own step raises fails its request (its state is unchanged)."""
+        pairs, records = [], []
+        for h in rows:
+            try:
+                rec = self.engine.step([h.seq])
+            except Exception as err:
+                h.status, h.error = "failed", err
+                continue
+            pairs.append((h, rec.rows[0]))
+            records.append(rec)
+        self.faults = 0
+        merged = BatchRecord([r for _, r in pairs], sum(r.draft_seconds for r in records),
+                             sum(r.target_seconds for r in records), sum(r.syncs for r in records),
+                             sum(r.draft_forwards for r in records))
+        return pairs, merged
 
     def _k_for(self, batch_size) -> int:
         return self.k if isinstance(self.k, int) else self.k.k_for(max(batch_size, 1))
@@ -247,31 +321,40 @@ class Server:
         return eng.target_kv.free_blocks, (eng.draft_kv.free_blocks if eng.draft_kv is not None else 0)
 
     def _admit(self):
-        k = self._k_for(len(self.running) + 1)
-        growth = [self._step_blocks(h, k) for h in self.running]
-        free_t, free_d = self._free()
-        free_t -= sum(g[0] for g in growth)
-        free_d -= sum(g[1] for g in growth)
+        """Admit from the front of `waiting` while the batch has room and the pools hold every row's
+        next step at the K the policy gives the batch with the newcomer in it."""
         admitted = []
         while self.waiting and len(self.running) + len(admitted) < self.max_batch:
+            batch = self.running + admitted
+            k = self._k_for(len(batch) + 1)
             need_t, need_d = self._admission_blocks(self.waiting[0], k)
+            free_t, free_d = self._free()
+            for h in self.running:
+                grow_t, grow_d = self._step_blocks(h, k)
+                free_t, free_d = free_t - grow_t, free_d - grow_d
+            for h in admitted:
+                held_t, held_d = self._admission_blocks(h, k)
+                free_t, free_d = free_t - held_t, free_d - held_d
             if need_t > free_t or need_d > free_d:
                 break
-            h = self.waiting.popleft()
-            free_t, free_d = free_t - need_t, free_d - need_d
-            admitted.append(h)
+            admitted.append(self.waiting.popleft())
         if not admitted:
             return
         try:
             self.engine.prefill([h.seq for h in admitted])  # releases what it took if it fails
-        except Exception as err:  # nothing of these requests runs; each ends with the error
+            ok = admitted
+        except Exception:  # one request's failure is its own: prefill them one by one
+            ok = []
             for h in admitted:
-                h.status, h.error = "failed", err
-                self._retire(h, release=False)
-            return
-        for h in admitted:
+                try:
+                    self.engine.prefill([h.seq])
+                    ok.append(h)
+                except Exception as err:
+                    h.status, h.error = "failed", err
+                    self._retire(h, release=False)
+        for h in ok:
             h.status = "running"
-        self.running += admitted
+        self.running += ok
 
     def _fit_memory(self):
         """Preempt from the back (the last admitted) until this step's new positions fit."""
@@ -289,12 +372,14 @@ class Server:
             self.preemptions += 1
             self.waiting.appendleft(victim)
 
-    def _deliver(self, record):
+    def _deliver(self, pairs):
+        """Each row's new tokens to its callback. `pairs` is fixed before any callback runs, and a
+        callback that steps the server gets the RuntimeError of step(): nothing is skipped."""
         now = _now()
-        for h, row in zip(self.running, record.rows):
+        for h, row in pairs:
             if row.committed and h.first_token_time is None:
                 h.first_token_time = now
-            if h.on_step is None or not row.committed:
+            if h.on_step is None or not row.committed or h.status != "running":
                 continue
             try:
                 h.on_step(h, list(row.committed))
@@ -307,7 +392,7 @@ class Server:
             if h in self.running:
                 self.running.remove(h)
         h.finish_time = _now()
-        self.finished.append(h)
+        self.retired.append(h)
 
 
 def _now() -> float:

@@ -24,8 +24,8 @@ import time
 import torch
 
 from ..core.config import SamplingConfig
-from ..core.engine import (Engine, GenerationResult, check_capacity, check_generate_args, check_seed,
-                           check_token_ids)
+from ..core.engine import (Engine, GenerationResult, _decode, check_capacity, check_generate_args, check_seed,
+                           check_token_ids, cut_at_eos)
 from ..core.kv_cache import KVCache
 from ..core.model import Transformer
 from ..core.records import RunStats, StepRecord
@@ -67,6 +67,17 @@ def nodes_of(tree) -> int:
     return tree.budget + 1 if isinstance(tree, DynamicTree) else tree_size(tree)
 
 
+def lookahead(tree) -> int:
+    """Positions one step may take past the committed tokens: every node in the target's cache; in
+    the draft's, its pending tokens (at most 2) and every node it feeds (a dynamic tree feeds top_k
+    per depth above the last, a static one every level above the deepest), plus the next token."""
+    if isinstance(tree, DynamicTree):
+        fed = tree.top_k * (tree.depth - 1)
+    else:
+        fed = tree_size(tree[:-1]) - 1
+    return max(nodes_of(tree), fed + 2) + 1
+
+
 class TreeEngine:
     """Speculative decoding over token trees with a draft model.
 
@@ -99,11 +110,16 @@ class TreeEngine:
         self.tree = check_tree_option(tree)
         self.rule = self._check_rule(rule, self.tree)
         capacity = min(max_seq_len, target.cfg.max_seq_len)
+        self.limits = {"the cache capacity (max_seq_len)": capacity, "the target's positions": target.cfg.max_seq_len,
+                       "the draft's positions": draft.cfg.max_seq_len}
+        if lookahead(self.tree) >= min(self.limits.values()):
+            raise ValueError(f"tree {self.tree!r} takes up to {lookahead(self.tree)} positions a step, more than "
+                             f"{min(self.limits, key=self.limits.get)} ({min(self.limits.values())})")
         factory = cache_factory(cache, block_size)
         self.target = target
         self.cache = factory(target.cfg, capacity, dtype=target.dtype, device=target.device)
         self.drafter = TreeDrafter(draft, capacity, factory)
-        self.max_seq_len = capacity
+        self.max_seq_len = min(self.limits.values())
         if self.plan is not None and self.plan.chain:  # no tree pays here: the chain engine, fused verification
             self.chain = Engine(target, ModelDrafter(draft, capacity, factory), k=len(self.plan.shape),
                                 cache=self.cache, tokenizer=self.tokenizer)
@@ -127,7 +143,7 @@ class TreeEngine:
         ids = encode_prompt(self.tokenizer, prompt)
         check_generate_args(max_new_tokens, temperature, top_p, top_k)
         check_seed(seed)
-        check_capacity(len(ids), max_new_tokens, nodes_of(self.tree) + 1, self.max_seq_len, self.max_seq_len)
+        check_capacity(len(ids), max_new_tokens, lookahead(self.tree), self.limits)
         check_token_ids(ids, self.target.cfg.vocab_size)
         sampling = SamplingConfig(temperature, top_k, top_p)
         device, eos = self.target.device, self.target.cfg.eos_token_ids
@@ -143,24 +159,16 @@ class TreeEngine:
         c, t_start = prompt_t[-1:], time.perf_counter()
         while len(out) < max_new_tokens:
             rec, c = self._step(c, sampling, g, len(steps))
-            committed = []
-            for t in rec.drafted + [rec.next_token]:  # cut to the budget and at the first EOS
-                if len(out) + len(committed) == max_new_tokens:
-                    break
-                committed.append(t)
-                if t in eos:
-                    break
-            rec.committed = committed
-            out += committed
+            rec.committed = cut_at_eos(rec.drafted[:rec.num_accepted] + [rec.next_token], max_new_tokens - len(out), eos)
+            out += rec.committed
             steps.append(rec)
-            stats.add_step(rec, len(committed))
+            stats.add_step(rec, len(rec.committed))
             if on_step is not None:
                 on_step(rec, out)
-            if committed[-1] in eos:
+            if rec.committed[-1] in eos:
                 break
         stats.seconds = time.perf_counter() - t_start
-        text = self.tokenizer.decode(out, skip_special_tokens=True) if self.tokenizer is not None else None
-        return GenerationResult(out, text, steps, stats, ids)
+        return GenerationResult(out, _decode(self.tokenizer, out), steps, stats, ids)
 
     def _draft(self, sampling, g):
         rule = "greedy" if sampling.greedy else self.rule
@@ -187,13 +195,14 @@ class TreeEngine:
         D = tree.max_depth
         path = verdict[3:4 + D]
         last_fed = tree.slot.index_select(0, path.index_select(0, verdict[:1])) >= 0  # (1,)
-        host = torch.cat([verdict, last_fed.long()]).tolist()  # sync: the one per step
-        m, next_token = host[0], host[1]
-        accepted = host[4 + D + 1:4 + D + 1 + m]
+        host = torch.cat([verdict, last_fed.long(), tree.tokens[1:]]).tolist()  # sync: the one per step
+        m, next_token, nodes = host[0], host[1], host[6 + 2 * D:]  # [verdict, last_fed, node tokens]
+        on_path = set(host[4:4 + m])  # the accepted path's nodes below the root
+        drafted = host[4 + D + 1:4 + D + 1 + m] + [t for i, t in enumerate(nodes, 1) if i not in on_path]
         # 4. Compact: the path's keys and values follow c's; the drafter keeps its own path; next is c.
         compact(self.cache, path[1:m + 1] + L, L + 1)
         nxt = verdict[1:2]
-        self.drafter.commit(tree, path, m, bool(host[-1]), nxt)
-        return StepRecord(step=step_index, k=tree.size - 1, drafted=accepted, num_accepted=m, next_token=next_token,
+        self.drafter.commit(tree, path, m, bool(host[5 + 2 * D]), nxt)
+        return StepRecord(step=step_index, k=tree.size - 1, drafted=drafted, num_accepted=m, next_token=next_token,
                           p_draft=[], q_draft=[], uniforms=[], draft_seconds=t1 - t0,
                           target_seconds=time.perf_counter() - t1, syncs=1), nxt
