@@ -19,21 +19,21 @@ POISON = 61  # a token id the faulty runner refuses to read
 
 class FaultRunner:
     """A runner that declines every forward (so the eager code runs, unchanged) and raises where
-    `fail(tokens)` says so: an out-of-memory in the middle of a step, as far as the engine can tell."""
+    `fail(tokens, input_pos)` says so: an out-of-memory in the middle of a step, as far as the engine can tell."""
     name = "faulty"
 
     def __init__(self, fail):
         self.fail = fail
 
-    def _check(self, tokens):
-        if self.fail(tokens):
+    def _check(self, tokens, input_pos):
+        if self.fail(tokens, input_pos):
             raise torch.OutOfMemoryError("injected: out of memory")
 
-    def logits(self, tokens, *args):
-        self._check(tokens)
+    def logits(self, tokens, input_pos=None, *args):
+        self._check(tokens, input_pos)
 
-    def hidden(self, tokens, *args):
-        self._check(tokens)
+    def hidden(self, tokens, input_pos=None, *args):
+        self._check(tokens, input_pos)
 
 
 class Countdown:
@@ -191,7 +191,7 @@ def test_a_tree_whose_draft_feeds_more_than_its_budget_is_checked_by_what_it_fee
 
 def test_a_request_whose_prefill_fails_fails_alone():
     """Before: the short request admitted beside it failed with its error."""
-    target, draft = _pair(target_fail=lambda t: bool((t == POISON).any()))
+    target, draft = _pair(target_fail=lambda t, pos: bool((t == POISON).any()))
     server = Server(target, draft, max_batch=4, block_size=4, max_seq_len=128, k=2)
     bad = server.submit([5, POISON, 6, 7], max_new_tokens=6)
     good = server.submit(PROMPTS[0], max_new_tokens=8)
@@ -203,7 +203,7 @@ def test_a_request_whose_prefill_fails_fails_alone():
 
 
 def test_a_row_that_fails_every_step_fails_alone_after_the_fault_limit():
-    target, draft = _pair(target_fail=lambda t: bool((t == POISON).any()))
+    target, draft = _pair(target_fail=lambda t, pos: bool((t == POISON).any()))
     server = Server(target, draft, max_batch=4, block_size=4, max_seq_len=128, k=2, fault_limit=2)
     good = [server.submit(p, max_new_tokens=n) for p, n in zip(PROMPTS[:2], BUDGETS[:2])]
     bad = server.submit([5, 6, POISON], max_new_tokens=6)  # prefilled fine; its first step reads POISON
