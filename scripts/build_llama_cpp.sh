@@ -7,6 +7,10 @@
 # outside the repository. Only llama-server is built: Release, CPU only, static, no web UI, no
 # HTTPS, at most 2 parallel jobs. A stamp file makes a second run a no-op.
 #
+# Built for this processor (-march=native) but without Intel AMX: on machines whose CPU has AMX
+# tiles but whose kernel or sandbox does not grant them to the process, ggml's AMX matmul
+# (ggml_backend_amx_mul_mat) segfaults on the first forward. The AVX-512/AVX2 kernels run instead.
+#
 #   bash scripts/build_llama_cpp.sh [PYTHON]      # PYTHON runs pip download (default .venv/bin/python)
 set -euo pipefail
 
@@ -16,7 +20,8 @@ PY=${1:-.venv/bin/python}
 CACHE=${SPECDEC_LAB_CACHE:-$HOME/.cache/specdec_lab}
 ROOT=$CACHE/llama.cpp
 BIN=$ROOT/bin/llama-server
-STAMP=$ROOT/BUILT-llama-cpp-python-$VERSION
+STAMP=$ROOT/BUILT-llama-cpp-python-$VERSION-no-amx  # the flavour in the name: an older build is rebuilt
+NO_AMX="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 JOBS=${JOBS:-2}
 
 fail() {
@@ -56,7 +61,8 @@ GEN=()
 command -v ninja >/dev/null && GEN=(-G Ninja)
 cmake -S "$SRC" -B "$ROOT/build" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF \
     -DGGML_CUDA=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
-    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF > "$ROOT/cmake.log" 2>&1 \
+    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF \
+    -DCMAKE_C_FLAGS="$NO_AMX" -DCMAKE_CXX_FLAGS="$NO_AMX" > "$ROOT/cmake.log" 2>&1 \
     || { tail -30 "$ROOT/cmake.log" >&2; fail "cmake could not configure llama.cpp ($ROOT/cmake.log)"; }
 start=$SECONDS
 cmake --build "$ROOT/build" --target llama-server -j "$JOBS" > "$ROOT/build.log" 2>&1 \

@@ -10,6 +10,9 @@ alone). On every prompt one checkout runs every system, then the other; which go
 from prompt to prompt, so a noisy minute of the machine hits both alike. Prints, per system and
 temperature, tokens per second under each checkout, new / old with a 95% bootstrap interval over the
 prompts, and at temperature 0 whether the two checkouts gave the same tokens; then one JSON line.
+
+`--serve` compares the batched server instead: each job is a group of 4 prompts submitted at once to
+a `Server` (max_batch=4) at K = 0 (plain batched decoding) and K = 2, run until idle.
 """
 import argparse
 import json
@@ -54,9 +57,42 @@ for line in sys.stdin:
 '''
 
 
-def start(checkout):
+SERVE_WORKER = r'''
+import json, sys, time, torch
+torch.set_num_threads(1)
+import specdec_lab as sl
+from specdec_lab.core.text import encode_prompt
+from specdec_lab.train.prompts import BENCH_PROMPTS
+pair = sl.load_default_pair()
+ids = [encode_prompt(pair.tokenizer, p) for p in BENCH_PROMPTS]
+servers = {f"server B=4 K={k}": sl.Server(pair.target, pair.draft, max_batch=4, max_seq_len=512, k=k) for k in (0, 2)}
+
+
+def run(server, prompts, n, temperature, seed):
+    hs = [server.submit(p, max_new_tokens=n, temperature=temperature, seed=seed + j) for j, p in enumerate(prompts)]
+    server.run_until_idle()
+    return [t for h in hs for t in h.result().tokens]
+
+
+for s in servers.values():
+    run(s, ids[:4], 8, 0.0, 0)  # warm-up
+print(json.dumps(list(servers)), flush=True)
+for line in sys.stdin:
+    job = json.loads(line)
+    out, names = {}, list(servers)
+    group = [ids[(4 * job["prompt"] + j) % len(ids)] for j in range(4)]
+    r = job["rotate"] % len(names)
+    for name in names[r:] + names[:r]:
+        t0 = time.perf_counter()
+        tokens = run(servers[name], group, job["max_new_tokens"], job["temperature"], job["seed"])
+        out[name] = [tokens, time.perf_counter() - t0]
+    print(json.dumps(out), flush=True)
+'''
+
+
+def start(checkout, worker=WORKER):
     env = {**os.environ, "PYTHONPATH": str(Path(checkout).resolve()), "OMP_NUM_THREADS": "1"}
-    p = subprocess.Popen([sys.executable, "-c", WORKER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    p = subprocess.Popen([sys.executable, "-c", worker], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                          env=env, cwd="/")
     names = json.loads(p.stdout.readline())
     return p, names
@@ -87,8 +123,10 @@ def main():
     ap.add_argument("--prompts", type=int, default=24)
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--temperatures", default="0,0.7")
+    ap.add_argument("--serve", action="store_true", help="compare the batched server (4 requests at a time)")
     args = ap.parse_args()
-    workers = {"old": start(args.old), "new": start(args.new)}
+    worker = SERVE_WORKER if args.serve else WORKER
+    workers = {"old": start(args.old, worker), "new": start(args.new, worker)}
     names = workers["old"][1]
     if names != workers["new"][1]:
         raise SystemExit(f"the two checkouts build different systems: {names} / {workers['new'][1]}")
