@@ -53,6 +53,9 @@ def check_device_available(device) -> torch.device:
     if d.type == "cuda" and not torch.cuda.is_available():
         raise LoadError(f"device {str(device)!r} needs CUDA, and torch finds none on this machine "
                         f"(torch.cuda.is_available() is False); use device 'cpu'")
+    if d.type == "cuda" and d.index is not None and d.index >= torch.cuda.device_count():
+        raise LoadError(f"device {str(device)!r}: this machine has {torch.cuda.device_count()} CUDA device(s), "
+                        f"cuda:0 to cuda:{torch.cuda.device_count() - 1}")
     return d
 
 
