@@ -69,7 +69,9 @@ def format_table(doc) -> str:
         else:
             rows.append(f"  {n:45s} {v}")
     rows.append("pred: Theorem 3.8 of arXiv 2211.17192 from alpha and c; pred+v: with the measured cost of "
-                "verifying K+1 tokens; K: the draft length set, mean K: the mean drafted per step; meas: measured speedup over this engine's autoregressive decode, prefill "
+                "verifying K+1 tokens; K: the draft length set, mean K: the mean drafted per step; alpha: E[min(1, p/q)] per "
+                "drafted token, estimated from the steps (not the accepted share, accepted / drafted, which "
+                "`generate` prints); meas: measured speedup over this engine's autoregressive decode, prefill "
                 "included; loop: the same, decode loops only; 95% CI: a paired bootstrap of vs AR over the prompts")
     return "\n".join(rows)
 
