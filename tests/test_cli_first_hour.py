@@ -94,6 +94,25 @@ def test_acceptance_options_are_checked_before_loading():
     assert_one_line_error(run_cli("acceptance", "--num-prompts", "0"), "--num-prompts", "0")
 
 
+# ----------------------------------------------------------------------------- item 4: feedback on long waits
+
+def test_a_gguf_target_says_what_it_waits_for_before_it_loads(tmp_path):
+    bad = tmp_path / "model.gguf"
+    bad.write_text("not a gguf")  # fails in transformers' reader, after the line that names the wait
+    proc = run_cli("generate", "--prompt", PROMPT, "--k", "0", "--target", str(bad))
+    lines = proc.stderr.strip().splitlines()
+    assert lines[0].startswith(f"loading target {bad}") and "dequantizes" in lines[0], proc.stderr
+    assert_one_line_error(proc, "GGUF")
+
+
+@pytest.mark.slow
+def test_acceptance_classic_says_what_it_measures_before_it_measures():
+    proc = run_cli("acceptance", "--classic", "--num-prompts", "1", "--max-new-tokens", "8")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "alpha (teacher-forced) and c on 1 prompts" in proc.stderr
+    assert proc.stderr.index("loading") < proc.stderr.index("alpha (teacher-forced)")
+
+
 # ----------------------------------------------------------------------------- item 6: defaults
 
 def test_bench_takes_its_threads_from_omp_num_threads(monkeypatch):
