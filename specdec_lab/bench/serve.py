@@ -237,6 +237,11 @@ def _document(target, draft, cfg, costs, forward, closed, runs, opened):
     }
 
 
+def _crossover(batch) -> str:
+    """Where speculation stops paying, in words; None (no batch size measured where it stopped) included."""
+    return "pays at every batch size measured" if batch is None else f"stops paying at batch {batch}"
+
+
 def format_serve(doc) -> str:
     cfg = doc["config"]
     names = list(doc["closed_loop"])
@@ -255,8 +260,8 @@ def format_serve(doc) -> str:
         f"batch {B}: " + ", ".join(f"{s} {doc['median_over_plain'][s][B]:.2f}" for s in names[1:]) for B in
         map(str, cfg["batch_sizes"])))
     roof = doc["roofline"]
-    lines.append(f"fixed K = {cfg['k']} stops paying at batch {doc['crossover_batch_measured']} (measured); the roofline "
-                 f"predicts {roof['crossover_batch_predicted']} (alpha {roof['alpha']:.2f}, "
+    lines.append(f"fixed K = {cfg['k']}, measured: {_crossover(doc['crossover_batch_measured'])}; the roofline "
+                 f"predicts: {_crossover(roof['crossover_batch_predicted'])} (alpha {roof['alpha']:.2f}, "
                  f"{roof['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s, {roof['matmul_flops'] / 1e9:.1f} GFLOP/s)")
     lines.append("step cost ms by batch (rows) and K: " + ", ".join(
         f"{key}: {1e3 * v:.0f}" for key, v in doc["step_costs"].items()))

@@ -4,6 +4,10 @@
 tokens a draft's folder names (api.with_vocab_subset gives it that head). api.load_pair and
 api.load_default_pair put them together (and make them fast on the CPU).
 `tiny_model()` builds small random decoders for tests and chapters.
+
+A model that cannot be loaded raises `LoadError` (a ValueError) with one line that names the
+source and what is wrong: a device this machine lacks, a local folder or file that is not there,
+a hub id the hub cannot give (offline, misspelt, private).
 """
 import json
 from dataclasses import dataclass
@@ -31,6 +35,10 @@ def default_draft_dir() -> Path:
 _CACHE = {}
 
 
+class LoadError(ValueError):
+    """A model that cannot be loaded from where it was asked for, or onto the device asked for."""
+
+
 def check_device(device) -> torch.device:
     try:
         return torch.device(device)
@@ -38,18 +46,65 @@ def check_device(device) -> torch.device:
         raise ValueError(f"device must be a torch device such as 'cpu' or 'cuda', got {device!r}") from None
 
 
+def check_device_available(device) -> torch.device:
+    """check_device, and a LoadError where the device's backend is not on this machine: without it
+    the first tensor moved there fails deep inside a loader with a message about pin_memory."""
+    d = check_device(device)
+    if d.type == "cuda" and not torch.cuda.is_available():
+        raise LoadError(f"device {str(device)!r} needs CUDA, and torch finds none on this machine "
+                        f"(torch.cuda.is_available() is False); use device 'cpu'")
+    if d.type == "cuda" and d.index is not None and d.index >= torch.cuda.device_count():
+        raise LoadError(f"device {str(device)!r}: this machine has {torch.cuda.device_count()} CUDA device(s), "
+                        f"cuda:0 to cuda:{torch.cuda.device_count() - 1}")
+    return d
+
+
 def check_source(name, source):
     if not isinstance(source, (str, Path)) or not str(source).strip():
         raise ValueError(f"{name} must be a hub id, a local folder or a .gguf file, got {source!r}")
 
 
+def looks_like_path(source) -> bool:
+    """True where source can only be meant as a local path: a hub id is 'name' or 'namespace/name'."""
+    text = str(source)
+    return (isinstance(source, Path) or text.startswith(("/", ".", "~")) or "\\" in text
+            or text.count("/") > 1 or text.endswith(".gguf"))
+
+
+def check_loadable(name, source):
+    """check_source, and a LoadError naming `name` where source is meant as a local folder or .gguf
+    file that does not exist (before this, such a path went to the hub as an id and failed there)."""
+    check_source(name, source)
+    path = Path(str(source)).expanduser()
+    if looks_like_path(source) and not path.exists():
+        kind = "file" if path.suffix == ".gguf" else "folder"
+        raise LoadError(f"{name} {str(source)!r}: no such {kind}; give an existing folder, a .gguf file or a "
+                        f"hub id such as HuggingFaceTB/SmolLM2-135M-Instruct")
+    return source
+
+
+def _load(source, device, dtype):
+    """weights.load_model, with what the hub raises for a source it cannot give as one LoadError."""
+    try:
+        return load_model(source, device=device, dtype=dtype)
+    except Exception as e:
+        # huggingface_hub's LocalEntryNotFoundError, RepositoryNotFoundError, ... (OSErrors), HFValidationError
+        from_hub = isinstance(e, OSError) or type(e).__module__.startswith("huggingface_hub")
+        if not from_hub or Path(str(source)).expanduser().exists():
+            raise
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise LoadError(f"{str(source)!r} is not a local folder or file, and the Hugging Face hub could not give "
+                        f"it ({type(e).__name__}: {first}); check the id, or download it where this machine "
+                        f"reaches the hub") from e
+
+
 def load_model_cached(source, device="cpu", dtype=torch.float32):
     """Load once per process: notebooks and tests load the default pair many times."""
-    check_source("source", source)
-    check_device(device)
+    check_loadable("source", source)
+    check_device_available(device)
     key = (str(source), str(device), dtype)
     if key not in _CACHE:
-        model, tok = load_model(source, device=device, dtype=dtype)
+        model, tok = _load(source, device, dtype)
         model.tokenizer = tok
         _CACHE[key] = model
     return _CACHE[key]

@@ -27,7 +27,6 @@ from ..core.config import ModelConfig, cache_dir
 from ..core.model import Transformer, init_weights
 from ..cpu.linear import CAN_PACK_BF16
 from ..io.assets import ensure_default_target
-from ..io.pair import default_draft_dir
 from ..io.weights import config_to_hf, load_draft, load_model, to_hf_state_dict
 from .data import ShardData, collate, generate_data, make_batches
 from .prompts import chat_prompts, distill_prompts, is_held_out, task_prompts
@@ -324,7 +323,8 @@ def distill_main(budget="full", out_dir=None, data_dir=None, work_dir=None, dtyp
     answers to the task set (prompts.task_prompts, TASK_DATA), generated there first;
     `chat_data_dir` the same for the chat set (prompts.chat_prompts, CHAT_DATA). `n_layers`
     sets the draft's depth; with `init_from` it grows those weights to it (grow_draft). `dtype_data`
-    ("bfloat16", "float32"): the target's dtype while it answers, by default cpu_dtype()."""
+    ("bfloat16", "float32"): the target's dtype while it answers, by default cpu_dtype(). The draft is
+    saved to `out_dir`, by default work_dir/draft in the cache (default_draft_dir() replaces the shipped one)."""
     if n_layers is not None and n_layers < 1:
         raise ValueError(f"n_layers must be >= 1, got {n_layers!r}")
     cfg_b = BUDGETS[budget]
@@ -358,7 +358,8 @@ def distill_main(budget="full", out_dir=None, data_dir=None, work_dir=None, dtyp
                                total_steps=steps or cfg_b["steps"], eval_every=cfg_b["eval_every"],
                                progress=progress, log=_log_line(work / "log.txt"), history=history)
     train, held = shards.split()
-    out = Path(out_dir or (default_draft_dir() if budget == "full" else work / "draft"))
+    # Never the shipped draft's folder by default: a first try must not overwrite it (pass it as out_dir).
+    out = Path(out_dir or work / "draft")
     save_draft(draft, out)
     ids, coverage = frequent_tokens(train, VOCAB_SUBSET_SIZE, draft.cfg.vocab_size, always=draft.cfg.eos_token_ids)
     save_vocab_subset(out, ids, coverage, source=f"the {VOCAB_SUBSET_SIZE} tokens the target wrote most often "

@@ -256,19 +256,22 @@ def synthesize_prompts(target, prefix_ids, decode, cfg: SynthesisConfig, out, dr
     at K = k with `draft` (the same distribution: speculative sampling is lossless), or with
     autoregressive_generate. Attempts go to `out`.partial as they land. After `max_minutes`, or
     `stop_after` attempts in this call, it returns what it has and leaves the partial file, which
-    a rerun resumes from; `out` is written only when the run is complete. `avoid`: prompts of
-    earlier files, which count as duplicates here (PromptFilter)."""
+    a rerun resumes from; `out` is written only when the run is complete, with exactly cfg.n
+    prompts (a batch's turns beyond the n-th kept count as "beyond_n"), and the attempts are kept
+    in `out`.attempts.jsonl, so a rerun (with the same or a larger n) starts from them instead of
+    sampling again. `avoid`: prompts of earlier files, which count as duplicates here (PromptFilter)."""
     cfg.check()
     out, t0 = Path(out), time.perf_counter()
-    partial = Path(str(out) + ".partial")
-    lines = _read_partial(partial, cfg)
+    partial, finished = Path(str(out) + ".partial"), attempts_log(out)
+    from_finished = not partial.exists() and finished.exists()  # a complete run's attempts: resume from them
+    lines = _read_partial(finished if from_finished else partial, cfg)
     done = lines[:len(lines) - len(lines) % cfg.batch_size]  # a batch cut short by a kill is sampled again
     avoid = list(avoid)
     filt = PromptFilter(cfg, avoid)
     for a in done:
         filt.add(a["text"], a["tokens"], a["hit_cap"])
     out.parent.mkdir(parents=True, exist_ok=True)
-    if not done or len(done) < len(lines):  # a fresh file, or one without the cut batch
+    if from_finished or not done or len(done) < len(lines):  # a fresh file, or one without the cut batch
         partial.write_text("".join(json.dumps(x) + "\n" for x in [{"settings": asdict(cfg)}, *done]))
     engine = SpeculativeEngine(target, draft, k=k) if draft is not None and cfg.batch_size == 1 else None
     attempts, stopped = len(done), False
@@ -288,8 +291,8 @@ def synthesize_prompts(target, prefix_ids, decode, cfg: SynthesisConfig, out, dr
                 f.write(json.dumps({"attempt": attempts, "text": text, "tokens": len(ids), "hit_cap": not ended})
                         + "\n")
                 attempts += 1
-                if filt.add(text, len(ids), not ended) is None:
-                    bar.update(1)
+                filt.add(text, len(ids), not ended)
+            bar.update(min(len(filt.kept), cfg.n) - bar.n)  # a batch may keep more than n: the file keeps n
             f.flush()
             bar.set_postfix(attempts=attempts)
     bar.close()
@@ -298,11 +301,17 @@ def synthesize_prompts(target, prefix_ids, decode, cfg: SynthesisConfig, out, dr
     doc = {"seed": cfg.seed, "settings": asdict(cfg), "sampler": sampler, "complete": not stopped,
            "avoided": len(avoid),
            "attempts": attempts,
-           "rejected": filt.rejected, "stats": prompt_statistics(filt.kept, filt.kept_tokens), "prompts": filt.kept}
+           "rejected": {**filt.rejected, "beyond_n": max(0, len(filt.kept) - cfg.n)},
+           "stats": prompt_statistics(filt.kept[:cfg.n], filt.kept_tokens[:cfg.n]), "prompts": filt.kept[:cfg.n]}
     if not stopped:
         out.write_text(json.dumps(doc, indent=1, ensure_ascii=False) + "\n")
-        partial.unlink()
+        partial.replace(finished)
     return doc
+
+
+def attempts_log(out) -> Path:
+    """Where a complete run of synthesize_prompts keeps its attempts, for a rerun to start from."""
+    return Path(str(out) + ".attempts.jsonl")
 
 
 def load_prompt_file(path) -> list[str]:

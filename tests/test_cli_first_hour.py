@@ -1,0 +1,312 @@
+"""A new user's first hour with the command line (issue 45): errors in one line before anything
+loads, defaults that speculate, figures that say what they timed, and words that mean one thing."""
+import json
+import os
+import subprocess
+import sys
+import time
+from argparse import Namespace
+from pathlib import Path
+
+import pytest
+import torch
+
+import specdec_lab as sl
+from specdec_lab.__main__ import build_parser
+from specdec_lab.bench.main import bench_threads
+from specdec_lab.bench.report import format_table
+from specdec_lab.bench.serve import format_serve
+from specdec_lab.io.pair import LoadError
+from specdec_lab.train.magpie import SynthesisConfig, attempts_log, synthesize_prompts
+
+ROOT = Path(__file__).resolve().parents[1]
+PROMPT = "Why is the sky blue?"
+
+
+def run_cli(*args, timeout=300, **env):
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), **env)
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "specdec_lab", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    proc.seconds = time.perf_counter() - t0
+    return proc
+
+
+def assert_one_line_error(proc, *words):
+    assert proc.returncode == 2, f"exit code {proc.returncode}, stderr: {proc.stderr[-2000:]}"
+    lines = proc.stderr.strip().splitlines()  # progress lines may come first; the error is the last, alone
+    errors = [line for line in lines if line.startswith("error: ")]
+    assert errors == lines[-1:] and "Traceback" not in proc.stderr, f"not one line: {proc.stderr[-2000:]}"
+    for w in words:
+        assert w in lines[-1], (w, lines[-1])
+
+
+# ----------------------------------------------------------------------------- item 5: errors
+
+@pytest.mark.parametrize("args, words", [
+    (("--k", "17"), ("--k", "17", "[0, 16]")),
+    (("--temperature", "-1"), ("--temperature", "-1", ">= 0")),
+    (("--top-p", "0"), ("--top-p", "0", "(0, 1]")),
+    (("--max-new-tokens", "0"), ("--max-new-tokens", "0", ">= 1")),
+    (("--max-seq-len", "1"), ("--max-seq-len", "1", ">= 2")),
+    (("--reps", "0", "--compare"), ("--reps", "0")),
+    (("--target", "/no/such/folder"), ("--target", "/no/such/folder", "no such folder")),
+    (("--draft", "./no_such_draft"), ("--draft", "./no_such_draft", "no such folder")),
+    (("--target", "missing.gguf"), ("--target", "missing.gguf", "no such file")),
+    (("--device", "cuda:99"), ("cuda:99",)),
+])
+def test_bad_generate_options_are_one_line_errors_before_any_model_loads(args, words):
+    proc = run_cli("generate", "--prompt", PROMPT, *args)
+    assert_one_line_error(proc, *words)
+    assert proc.seconds < 8, f"{proc.seconds:.1f} s: the check waited for a model to load"
+
+
+def test_cuda_without_cuda_is_one_line_and_a_load_error_in_the_library():
+    if not torch.cuda.is_available():
+        assert_one_line_error(run_cli("generate", "--prompt", PROMPT, "--device", "cuda"), "cuda", "CUDA")
+        with pytest.raises(LoadError, match="needs CUDA"):
+            sl.load_pair(str(ROOT / "specdec_lab" / "draft"), str(ROOT / "specdec_lab" / "draft"), device="cuda")
+    with pytest.raises(LoadError, match="cuda:99"):
+        sl.load_pair(str(ROOT / "specdec_lab" / "draft"), str(ROOT / "specdec_lab" / "draft"), device="cuda:99")
+    assert issubclass(LoadError, ValueError), "callers that catch bad input catch it"
+
+
+def test_a_hub_id_that_cannot_be_fetched_is_one_line_and_a_load_error(tmp_path):
+    # An empty hub cache and no network (HF_HUB_OFFLINE): the hub cannot give the id, whatever the machine reaches.
+    env = {"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path)}
+    proc = run_cli("generate", "--prompt", PROMPT, "--target", "HuggingFaceTB/SmolLM2-360M-Instruct", **env)
+    assert_one_line_error(proc, "HuggingFaceTB/SmolLM2-360M-Instruct", "hub")
+    assert "Traceback" not in proc.stderr
+
+
+def test_a_missing_folder_is_a_load_error_naming_it():
+    with pytest.raises(LoadError, match="no such folder"):
+        sl.load_pair("/no/such/target", str(ROOT / "specdec_lab" / "draft"))
+
+
+def test_debug_shows_the_traceback():
+    proc = run_cli("generate", "--prompt", PROMPT, "--target", "/no/such/folder", "--debug")
+    assert proc.returncode == 2 and "Traceback" in proc.stderr and "error: --target" in proc.stderr
+
+
+def test_acceptance_options_are_checked_before_loading():
+    assert_one_line_error(run_cli("acceptance", "--k-max", "17"), "--k-max", "17")
+    assert_one_line_error(run_cli("acceptance", "--num-prompts", "0"), "--num-prompts", "0")
+
+
+# ----------------------------------------------------------------------------- item 4: feedback on long waits
+
+def test_a_gguf_target_says_what_it_waits_for_before_it_loads(tmp_path):
+    bad = tmp_path / "model.gguf"
+    bad.write_text("not a gguf")  # fails in transformers' reader, after the line that names the wait
+    proc = run_cli("generate", "--prompt", PROMPT, "--k", "0", "--target", str(bad))
+    lines = proc.stderr.strip().splitlines()
+    assert lines[0].startswith(f"loading target {bad}") and "dequantizes" in lines[0], proc.stderr
+    assert_one_line_error(proc, "GGUF")
+
+
+@pytest.mark.slow
+def test_acceptance_classic_says_what_it_measures_before_it_measures():
+    proc = run_cli("acceptance", "--classic", "--num-prompts", "1", "--max-new-tokens", "8")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "alpha (teacher-forced) and c on 1 prompts" in proc.stderr
+    assert proc.stderr.index("loading") < proc.stderr.index("alpha (teacher-forced)")
+
+
+# ----------------------------------------------------------------------------- item 6: defaults
+
+def test_bench_takes_its_threads_from_omp_num_threads(monkeypatch):
+    args = Namespace(threads=None)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    assert bench_threads(args) == 1
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert bench_threads(args) == 3
+    assert bench_threads(Namespace(threads=2)) == 2, "--threads wins"
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    assert bench_threads(args) == os.cpu_count()
+    monkeypatch.setenv("OMP_NUM_THREADS", "many")
+    with pytest.raises(ValueError, match="OMP_NUM_THREADS"):
+        bench_threads(args)
+
+
+def test_distill_never_writes_into_the_package_unless_told_to():
+    proc = run_cli("distill", "--budget", "tiny", "--out", "specdec_lab/draft")
+    assert_one_line_error(proc, "--out", "--into-package")
+    help_text = run_cli("distill", "--help").stdout
+    assert "--into-package" in help_text and "default: specdec_lab/draft" not in help_text
+
+
+def test_generate_speculates_by_default():
+    g = build_parser().parse_args(["generate", "--prompt", "x"])
+    assert g.k == 4 and not g.self_draft
+
+
+def _tiny_target():
+    model = sl.tiny_model(0, vocab_size=8, dim=32, n_heads=4, n_kv_heads=2, eos_token_ids=(7,), std=0.3)
+    with torch.no_grad():
+        model.head.weight[7] = model.head.weight[0]
+    return model
+
+
+def _decode(ids):
+    return " ".join(["what", "how", "is", "the", "cat", "why", "river?"][i] for i in ids)
+
+
+def test_synthesis_keeps_exactly_n_and_a_rerun_starts_from_what_is_stored(tmp_path):
+    target = _tiny_target()
+    cfg = SynthesisConfig(n=3, seed=1, max_new_tokens=10, max_attempts=120, batch_size=8)
+    out = tmp_path / "p.json"
+    doc = synthesize_prompts(target, [1, 2, 3], _decode, cfg, out, progress=False)
+    assert doc["complete"] and len(doc["prompts"]) == 3 and doc["stats"]["count"] == 3
+    assert doc["attempts"] == 3 + sum(doc["rejected"].values()), "every attempt is kept or has a reason"
+    assert attempts_log(out).exists()
+    again = synthesize_prompts(target, [1, 2, 3], _decode, cfg, out, progress=False, stop_after=0)
+    assert again == doc, "a rerun of a complete file samples nothing (stop_after=0) and gives the same file"
+    more = SynthesisConfig(**{**cfg.__dict__, "n": 5})
+    grown = synthesize_prompts(target, [1, 2, 3], _decode, more, out, progress=False)
+    direct = synthesize_prompts(target, [1, 2, 3], _decode, more, tmp_path / "direct.json", progress=False)
+    assert grown == direct and grown["prompts"][:3] == doc["prompts"]
+
+
+# ----------------------------------------------------------------------------- item 8: words and help
+
+def _subparsers():
+    ap = build_parser()
+    return next(a for a in ap._actions if a.choices and isinstance(a.choices, dict)).choices
+
+
+def test_every_option_of_every_subcommand_has_help_with_its_default():
+    missing = []
+    for name, sub in _subparsers().items():
+        for action in sub._actions:
+            if action.dest == "help" or not action.option_strings:
+                continue
+            text = action.help or ""
+            takes_value = action.nargs != 0
+            if not text or (takes_value and not action.required and "default" not in text):
+                missing.append(f"{name} {action.option_strings[0]}")
+            if takes_value and action.required and "required" not in text:
+                missing.append(f"{name} {action.option_strings[0]} (required)")
+    assert not missing, missing
+
+
+def test_fetch_and_export_have_descriptions_and_the_prompt_count_has_one_spelling():
+    subs = _subparsers()
+    assert subs["fetch"].description and subs["export"].description
+    assert next(a for a in subs["export"]._actions if a.dest == "to").help
+    ap = build_parser()
+    for cmd in ("bench", "acceptance"):
+        new = ap.parse_args([cmd, "--num-prompts", "3"])
+        old = ap.parse_args([cmd, "--prompts", "3"])
+        assert vars(new) == vars(old), f"{cmd}: --prompts stays an alias of --num-prompts"
+
+
+def test_bench_table_shows_the_k_set_and_the_mean_k_apart():
+    doc = json.loads((ROOT / "docs" / "bench_fast_memory.json").read_text())
+    lines = format_table(doc).splitlines()
+    head = next(line for line in lines if line.startswith("system"))
+    assert " K mean K " in head
+    row = next(line for line in lines if line.startswith("speculative, K=2"))
+    s = doc["results"][0]["systems"]["spec_k2"] if "spec_k2" in doc["results"][0]["systems"] else None
+    cells = row.split()
+    assert "2" in cells, row  # the K set, 2, not its mean
+    if s is not None:
+        assert f"{s['mean_k']:.2f}" in cells
+
+
+def test_serve_says_where_speculation_pays_without_none():
+    doc = json.loads((ROOT / "docs" / "serve_load.json").read_text())
+    doc["crossover_batch_measured"] = None
+    doc["roofline"]["crossover_batch_predicted"] = None
+    text = format_serve(doc)
+    assert "None" not in text and "pays at every batch size measured" in text
+
+
+# ----------------------------------------------------------------------------- item 9: the README
+
+def test_readme_explains_the_tree_dynamic_tree_and_k_schedule_numbers_and_uses_eagle3():
+    readme = (ROOT / "README.md").read_text()
+    for spec in ("tree=(4, 2, 1)", "DynamicTree(4, 4, 12)", "KSchedule([(1, 2, 4), (3, 8, 2)])"):
+        assert spec in readme
+    assert "auto_prompts" in readme, "tree='auto' needs auto_prompts"
+    code = readme.split("```python")[1].split("```")[0]
+    uses = [line for line in code.splitlines() if "eagle3" in line and "load_eagle3_draft" not in line]
+    assert any("SpeculativeEngine" in line or "Engine(" in line for line in uses), \
+        "the EAGLE-3 draft is loaded and never used"
+    for words in ("children", "per level", "batch size"):
+        assert words in readme, words
+
+
+# ----------------------------------------------------------------------------- the default pair (slow)
+
+@pytest.mark.slow
+def test_generate_speculates_warms_up_and_reports_prefill_and_time_to_first_token(default_target):
+    proc = run_cli("generate", "--prompt", PROMPT, "--max-new-tokens", "16")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    err = proc.stderr.strip().splitlines()
+    assert any(line.startswith("loading the default pair") for line in err), "no line before the load"
+    assert any(line.startswith("warming up") for line in err), "the first call must not be the timed one"
+    summary = err[-1]
+    for words in ("K = 4", "tokens/s", "prefill", "prompt tokens", "time to first token", "accepted share",
+                  "after one untimed warm-up call"):
+        assert words in summary, (words, summary)
+    doc = json.loads(run_cli("generate", "--prompt", PROMPT, "--max-new-tokens", "16", "--json").stdout)
+    assert doc["k"] == 4 and doc["stats"]["drafted"] > 0 and doc["warmed_up"], "generate speculates by default"
+    assert doc["tokens"] == sl.autoregressive_generate(default_target, PROMPT, max_new_tokens=16).tokens
+    assert doc["time_to_first_token_seconds"] >= doc["stats"]["prefill_seconds"] > 0
+
+
+@pytest.mark.slow
+def test_compare_while_sampling_says_it_checks_a_distribution_not_tokens():
+    proc = run_cli("generate", "--prompt", PROMPT, "--k", "2", "--compare", "--reps", "1", "--max-new-tokens", "8",
+                   "--temperature", "0.7")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    summary = proc.stderr.strip().splitlines()[-1]
+    assert "same output" not in summary and "distribution, not its tokens" in summary, summary
+    assert "run 1 of 1" in proc.stderr, "--compare prints a line per run"
+    doc = json.loads(run_cli("generate", "--prompt", PROMPT, "--k", "2", "--compare", "--reps", "1",
+                             "--max-new-tokens", "8", "--temperature", "0.7", "--json").stdout)
+    assert doc["same_output"] is None and doc["checks"] == "distribution"
+
+
+@pytest.mark.slow
+def test_a_target_without_a_draft_gets_the_shipped_draft(default_target, default_target_dir):
+    proc = run_cli("generate", "--prompt", PROMPT, "--target", str(default_target_dir), "--max-new-tokens", "8",
+                   "--json")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    doc = json.loads(proc.stdout)
+    assert doc["stats"]["drafted"] > 0, "the shipped draft should draft"
+    assert doc["tokens"] == sl.autoregressive_generate(default_target, PROMPT, max_new_tokens=8).tokens
+    assert "draft " + str(ROOT / "specdec_lab" / "draft") in proc.stderr
+
+
+@pytest.mark.slow
+def test_max_seq_len_goes_to_the_engine_up_to_what_the_pair_supports():
+    proc = run_cli("generate", "--prompt", PROMPT, "--max-new-tokens", "4", "--max-seq-len", "8192")
+    assert_one_line_error(proc, "--max-seq-len 8192", "4096")  # the shipped draft's rotary table: 4,096 positions
+    proc = run_cli("generate", "--prompt", PROMPT, "--max-new-tokens", "4", "--max-seq-len", "4096", "--json")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    proc = run_cli("generate", "--prompt", PROMPT, "--k", "0", "--max-new-tokens", "4", "--max-seq-len", "8192",
+                   "--json")
+    assert proc.returncode == 0, "the target alone supports 8,192 positions: " + proc.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_serve_equality_quick_is_quick():
+    proc = run_cli("bench", "--serve-equality", "--quick", "--json", timeout=240)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    doc = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert doc["prompts"] == 6 and doc["max_new_tokens"] == 16 and doc["identical"] == 6, doc
+    assert "greedy equality: 6 prompts x 16 tokens" in proc.stderr
+
+
+@pytest.mark.slow
+def test_peer_quick_is_quick_and_says_what_it_starts():
+    from specdec_lab.bench.peer import llama_server_path
+    llama_server_path()  # set-up builds it (tests/test_peer.py): missing, this fails here, saying how to build it
+    proc = run_cli("bench", "--peer", "--quick", "--json", timeout=420)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert doc["config"]["num_prompts"] == 2 and doc["config"]["max_new_tokens"] == 16, doc["config"]
+    first = proc.stderr.strip().splitlines()[0]
+    assert first.startswith("bench --peer: 2 prompts x 16 tokens, 1 thread(s)"), first
