@@ -65,7 +65,9 @@ def test_measured_costs_grow_no_less_with_rows_and_auto_runs_end_to_end(capsys):
     c = measure_costs(target, draft, max_rows=16, context=16, rounds=2)
     assert all(a <= b for a, b in zip(c.target_tree, c.target_tree[1:]))
     engine = TreeEngine(target, draft, tree="auto", auto_prompts=[[1, 2, 3], [4, 5]], auto_max_nodes=8)
-    assert "tree='auto' chose" in capsys.readouterr().out
+    said = capsys.readouterr()
+    assert "tree='auto' chose" in said.out
+    assert "acceptance by rank" in said.err and "forward costs by rows" in said.err, "its two measurements show progress"
     base = sl.autoregressive_generate(target, [1, 2, 3], max_new_tokens=20).tokens
     assert engine.generate([1, 2, 3], max_new_tokens=20).tokens == base
     with pytest.raises(ValueError, match="auto_prompts"):

@@ -23,6 +23,7 @@ search, and prints its choice with the expected tokens per step.
 from dataclasses import dataclass
 
 import torch
+from tqdm import tqdm
 
 from ..analysis.timing import best_seconds
 from ..core.engine import autoregressive_generate
@@ -37,11 +38,11 @@ ROWS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12, 14, 16, 20, 24, 32, 40, 48, 64)  # ro
 
 @torch.inference_mode()
 def measure_acceptance(target, draft, prompts, n_tokens=48, temperature=0.0, top_k=0, top_p=1.0,
-                       tokenizer=None) -> list[float]:
+                       tokenizer=None, progress=False) -> list[float]:
     """a_1..a_MAX_RANK: the target's processed probability of the draft's rank-r token, averaged over the
     positions of the target's own greedy continuations of `prompts` (one forward of each model per prompt)."""
     totals, rows = torch.zeros(MAX_RANK, dtype=torch.float64), 0
-    for prompt in prompts:
+    for prompt in tqdm(prompts, desc="tree='auto': acceptance by rank", unit="prompt", disable=not progress):
         ids = encode_prompt(tokenizer or getattr(target, "tokenizer", None), prompt)
         out = autoregressive_generate(target, ids, max_new_tokens=n_tokens, temperature=0.0).tokens
         x = torch.tensor([ids + out[:-1]], device=target.device)  # (1, T): predict every generated token
@@ -90,7 +91,7 @@ class Costs:
 
 
 @torch.inference_mode()
-def measure_costs(target, draft, max_rows=64, context=128, rounds=4) -> Costs:
+def measure_costs(target, draft, max_rows=64, context=128, rounds=4, progress=False) -> Costs:
     """Time both models' forwards by row count on this machine. Each round times every (model, mask, rows)
     once, in a rotated order; a figure is the fastest over the rounds (noise on a shared machine only adds
     time), and then the fastest at that row count or more (a forward over more rows costs no less)."""
@@ -102,7 +103,7 @@ def measure_costs(target, draft, max_rows=64, context=128, rounds=4) -> Costs:
         caches[name] = (model, cache)
     jobs = [(f"{name}_{kind}", i) for name in caches for kind in ("tree", "chain") for i in range(len(rows))]
     best = {key: float("inf") for key in jobs}
-    for r in range(rounds):
+    for r in tqdm(range(rounds), desc="tree='auto': forward costs by rows", unit="round", disable=not progress):
         for key in jobs[r % len(jobs):] + jobs[:r % len(jobs)]:
             model, cache = caches[key[0].split("_")[0]]
             run = _masked_forward if key[0].endswith("tree") else _plain_forward
@@ -186,10 +187,11 @@ def plan(acceptance, costs: Costs, max_nodes=32, max_depth=8) -> Plan:
 
 def choose(target, draft, prompts, temperature=0.0, top_k=0, top_p=1.0, max_nodes=32, tokenizer=None,
            verbose=True) -> tuple[Plan, list, Costs]:
-    """Measure acceptance by rank and the costs by row count here, search, print the choice."""
+    """Measure acceptance by rank and the costs by row count here, search, print the choice (verbose:
+    with a progress bar per measurement, on stderr: the two take about half a minute on the default pair)."""
     acceptance = measure_acceptance(target, draft, prompts, temperature=temperature, top_k=top_k, top_p=top_p,
-                                    tokenizer=tokenizer)
-    costs = measure_costs(target, draft, max_rows=tree_size((MAX_RANK,)) + max_nodes)
+                                    tokenizer=tokenizer, progress=verbose)
+    costs = measure_costs(target, draft, max_rows=tree_size((MAX_RANK,)) + max_nodes, progress=verbose)
     best = plan(acceptance, costs, max_nodes)
     if verbose:
         print(best)
