@@ -58,7 +58,7 @@ def assert_one_line_error(proc, *words):
 def test_bad_generate_options_are_one_line_errors_before_any_model_loads(args, words):
     proc = run_cli("generate", "--prompt", PROMPT, *args)
     assert_one_line_error(proc, *words)
-    assert proc.seconds < 8, f"{proc.seconds:.1f} s: the check waited for a model to load"
+    assert "loading" not in proc.stderr, f"the check waited for a model to load: {proc.stderr[-500:]}"
 
 
 def test_cuda_without_cuda_is_one_line_and_a_load_error_in_the_library():
