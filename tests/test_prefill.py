@@ -206,11 +206,12 @@ def test_the_prefill_benchmark_document_has_its_shape(tmp_path):
         entry = doc["lengths"][n]
         assert set(entry["systems"]) == set(bench.SYSTEMS)
         for s in entry["systems"].values():
-            assert len(s["prefill_seconds"]) == len(s["ttft_seconds"]) == 2
+            assert len(s["prefill_seconds"]) == len(s["ttft_seconds"]) == len(s["ttft_cpu_seconds"]) == 2
             assert all(0 < p <= t for p, t in zip(s["prefill_seconds"], s["ttft_seconds"]))
+            assert all(c > 0 for c in s["ttft_cpu_seconds"])
             assert s["prefill_tokens_per_second"] == int(n) / statistics.median(s["prefill_seconds"])
         for name in bench.RATIO_OF:
-            for kind in ("prefill", "ttft"):
+            for kind in ("prefill", "ttft", "ttft_cpu"):
                 r = entry["vs_transformers"][name][kind]
                 assert 0 < r["min"] <= r["median"] <= r["max"]
         assert entry["check"]["max_abs_logit_diff_vs_reference"] < bench.LOGIT_TOLERANCE
@@ -232,3 +233,12 @@ def test_the_prefill_benchmark_refuses_to_time_a_broken_prefill(monkeypatch):
         bench.measure_prefill(target, draft, reference, lengths=(LONG,), reps=1)
     monkeypatch.undo()
     assert bench.measure_prefill(target, draft, reference, lengths=(LONG,), reps=1)["lengths"][str(LONG)]
+
+
+def test_the_benchmarks_plain_twin_shares_the_weights_and_has_no_fast_path():
+    target, _, _ = _stand_ins()
+    with torch.inference_mode():
+        target(ids(30), cache=target.new_cache(40))  # the fast modules hold their packed copies now
+    twin = bench.plain_twin(target)
+    assert twin.forward_kind == "eager" and target.forward_kind == "cpu-fused"
+    assert twin.head.weight is target.head.weight and type(twin.layers[0].attn.wqkv) is not type(target.layers[0].attn.wqkv)

@@ -11,14 +11,15 @@ call of each:
                   own prefill, then the first token (the target's forward over the last one)
     target        autoregressive_generate(target, ids, max_new_tokens=1): the target alone, its first
                   token from the prefill's last row
-    target_plain  the same in plain PyTorch (cpu.eager, what accelerate=False loads): one forward, no chunks
+    target_plain  the same in plain PyTorch (what accelerate=False loads): one forward, no chunks
     transformers  transformers' model(ids) under torch.inference_mode, its first token the argmax of
                   the last row
 
 Prefill seconds are the engine's own `prefill_seconds` (RunStats) for the lab's systems and the
-forward for transformers; time to first token is the whole call. Tokens/s counts the prompt's
-tokens. Ratios are transformers' seconds over a system's, per repetition (so above 1 is faster
-than transformers); the document keeps their median, minimum and maximum.
+forward for transformers; time to first token is the whole call, on the wall clock and in CPU
+seconds (process_time). Tokens/s counts the prompt's tokens. Ratios are transformers' seconds over
+a system's, per repetition (so above 1 is faster than transformers); the document keeps their
+median, minimum and maximum.
 
 Before timing, each length is checked: the lab's fast prefill against its plain one and against
 the reference forward (last-row logits, first token). A prefill that leaves other logits raises
@@ -26,6 +27,8 @@ PrefillMismatch rather than timing a wrong answer. The document is printed as th
 project's bench convention) and stored as docs/prefill.json unless --out says otherwise.
 """
 import argparse
+import copy
+import itertools
 import json
 import os
 import statistics
@@ -39,13 +42,14 @@ import torch
 
 from ..analysis.timing import Clock
 from ..api import SpeculativeEngine, autoregressive_generate
-from ..cpu.accelerate import eager
+from ..cpu.accelerate import unaccelerate
 from ..cpu.prefill import PREFILL_CHUNK
 
 LENGTHS = (128, 512, 1786, 2048)  # 1,786: the prompt of the report that asked for this measurement
 SYSTEMS = {"engine": "lab engine (target + draft prefill)", "target": "lab target alone",
            "target_plain": "lab target, plain PyTorch", "transformers": "transformers model(ids)"}
 RATIO_OF = ("engine", "target", "target_plain")
+KEYS = ("prefill_seconds", "ttft_seconds", "ttft_cpu_seconds")  # what each call records, per repetition
 LOGIT_TOLERANCE = 1e-2  # float32 against float32: the lab and transformers agreed within 0.002 (docs/export.md)
 DEFAULT_OUT = Path(__file__).resolve().parents[2] / "docs" / "prefill.json"
 
@@ -60,17 +64,30 @@ def prompt_ids(n, vocab_size, seed=0) -> list:
     return torch.randint(0, vocab_size, (n,), generator=g).tolist()
 
 
+def plain_twin(model):
+    """The model without the CPU's fast path, sharing its weights (what accelerate=False loads). A twin
+    rather than cpu.eager around each call: leaving eager() swaps in new fast modules, which pack their
+    oneDNN weights again on first use, a cost that would land on whichever system ran next."""
+    held = (v for m in model.modules() for v in vars(m).values() if isinstance(v, torch.Tensor))  # packed copies
+    shared = {id(t): t for t in itertools.chain(model.parameters(), model.buffers(), held)}
+    shared[id(getattr(model, "tokenizer", None))] = getattr(model, "tokenizer", None)
+    runner, model.runner = model.runner, None  # the runner is the fast path: the twin goes without it
+    try:
+        return unaccelerate(copy.deepcopy(model, shared))
+    finally:
+        model.runner = runner
+
+
 @torch.inference_mode()
-def check_prefill(target, reference, ids) -> dict:
+def check_prefill(target, plain, reference, ids) -> dict:
     """The fast prefill's last-row logits against the plain one's and the reference forward's."""
     x = torch.tensor([ids])
     fast = target(x, cache=target.new_cache(len(ids)), last_only=True)[0, -1]  # (V,)
-    with eager(target):
-        plain = target(x, cache=target.new_cache(len(ids)), last_only=True)[0, -1]
+    slow = plain(x, cache=plain.new_cache(len(ids)), last_only=True)[0, -1]
     ref = reference(x)[0, -1].float()
-    out = {"max_abs_logit_diff_vs_plain": float((fast - plain).abs().max()),
+    out = {"max_abs_logit_diff_vs_plain": float((fast - slow).abs().max()),
            "max_abs_logit_diff_vs_reference": float((fast - ref).abs().max()),
-           "first_token": {"target": int(fast.argmax()), "target_plain": int(plain.argmax()),
+           "first_token": {"target": int(fast.argmax()), "target_plain": int(slow.argmax()),
                            "reference": int(ref.argmax())}}
     worst = max(out["max_abs_logit_diff_vs_plain"], out["max_abs_logit_diff_vs_reference"])
     if worst > LOGIT_TOLERANCE or len(set(out["first_token"].values())) > 1:
@@ -78,33 +95,36 @@ def check_prefill(target, reference, ids) -> dict:
     return out
 
 
-def make_systems(target, draft, reference, capacity, k=4) -> dict:
-    """name -> fn(ids) returning (prefill seconds, time to first token, first token)."""
+def make_systems(target, plain, draft, reference, capacity, k=4) -> dict:
+    """name -> fn(ids) returning (prefill seconds, time to first token, its CPU seconds, first token).
+    The CPU seconds (process_time) of the whole call stand beside the wall clock: one thread's work,
+    which other jobs on a shared machine slow less than they slow the wall clock."""
     engine = SpeculativeEngine(target, draft, k=k, max_seq_len=capacity)
     clock = Clock(target.device)
 
-    def lab(run):
+    def timed(run):
         def call(ids):
-            t0 = clock()
-            res = run(ids)
-            return res.stats.prefill_seconds, clock() - t0, res.tokens[0]
+            t0, c0 = clock(), time.process_time()
+            prefill, first = run(ids)
+            ttft, cpu = clock() - t0, time.process_time() - c0
+            return (ttft if prefill is None else prefill), ttft, cpu, first
         return call
 
-    def plain(ids):
-        with eager(target):  # the swap back and forth stays outside the clock
-            return lab(lambda x: autoregressive_generate(target, x, max_new_tokens=1))(ids)
+    def lab(run):
+        def call(ids):
+            res = run(ids)
+            return res.stats.prefill_seconds, res.tokens[0]
+        return timed(call)
 
     @torch.inference_mode()
     def transformers(ids):
-        t0 = clock()
         logits = reference(torch.tensor([ids], device=target.device))
-        seconds = clock() - t0
-        first = int(logits[0, -1].argmax())
-        return seconds, clock() - t0, first
+        return None, int(logits[0, -1].argmax())  # the forward is the prefill; the argmax is all that follows
 
     return {"engine": lab(lambda ids: engine.generate(ids, max_new_tokens=1)),
             "target": lab(lambda ids: autoregressive_generate(target, ids, max_new_tokens=1)),
-            "target_plain": plain, "transformers": transformers}
+            "target_plain": lab(lambda ids: autoregressive_generate(plain, ids, max_new_tokens=1)),
+            "transformers": timed(transformers)}
 
 
 def _spread(values) -> dict:
@@ -115,22 +135,23 @@ def measure_prefill(target, draft, reference, lengths=LENGTHS, reps=3, k=4, log=
     """Every system at every length, `reps` interleaved repetitions; returns the JSON document.
     reference: fn(ids (1, T)) -> logits (1, T, V), transformers' forward (a stand-in in the tests)."""
     log = log or (lambda s: None)
-    systems = make_systems(target, draft, reference, max(lengths) + 32, k)
+    plain = plain_twin(target)
+    systems = make_systems(target, plain, draft, reference, max(lengths) + 32, k)
     names = list(systems)
     prompts = {n: prompt_ids(n, target.cfg.vocab_size, seed=n) for n in lengths}
-    checks = {n: check_prefill(target, reference, prompts[n]) for n in lengths}
+    checks = {n: check_prefill(target, plain, reference, prompts[n]) for n in lengths}
     for name in names:  # warm-up: first-call costs (weight packing, allocator) stay out of the figures
         systems[name](prompts[min(lengths)])
-    timed = {n: {name: {"prefill_seconds": [], "ttft_seconds": []} for name in names} for n in lengths}
+    timed = {n: {name: {key: [] for key in KEYS} for name in names} for n in lengths}
     for r in range(reps):
         for n in lengths:
             for name in names[r % len(names):] + names[:r % len(names)]:  # rotating order
-                prefill, ttft, first = systems[name](prompts[n])
+                *seconds, first = systems[name](prompts[n])
                 if first != checks[n]["first_token"]["reference"]:
                     raise PrefillMismatch(f"{name} at {n} tokens gave first token {first}, the reference "
                                           f"{checks[n]['first_token']['reference']}")
-                timed[n][name]["prefill_seconds"].append(prefill)
-                timed[n][name]["ttft_seconds"].append(ttft)
+                for key, value in zip(KEYS, seconds):
+                    timed[n][name][key].append(value)
             log(f"rep {r + 1}/{reps}, {n} tokens: " + ", ".join(
                 f"{name} {timed[n][name]['prefill_seconds'][-1]:.3f} s" for name in names))
     return {"bench": "prefill", "measured_at": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
@@ -146,7 +167,7 @@ def summarise(n, timed, check) -> dict:
                       "ttft_seconds_median": statistics.median(t["ttft_seconds"])} for name, t in timed.items()}
     hf = timed["transformers"]
     ratios = {name: {kind: _spread([b / a for a, b in zip(timed[name][key], hf[key])])
-                     for kind, key in (("prefill", "prefill_seconds"), ("ttft", "ttft_seconds"))}
+                     for kind, key in zip(("prefill", "ttft", "ttft_cpu"), KEYS)}
               for name in RATIO_OF}
     return {"prompt_tokens": n, "systems": systems, "vs_transformers": ratios, "check": check}
 
@@ -162,17 +183,18 @@ def machine() -> dict:
 
 
 def format_table(doc) -> str:
+    kinds = ("prefill", "ttft", "ttft_cpu")
     rows = [f"prefill, {doc['machine']['threads']} thread(s), medians of {doc['config']['reps']} interleaved "
             f"repetitions; ratio = transformers' seconds / the system's (min-max over repetitions)",
-            f"{'tokens':>6}  {'system':<38} {'prefill tok/s':>13} {'TTFT s':>8} {'prefill ratio':>20} {'TTFT ratio':>20}"]
+            f"{'tokens':>6}  {'system':<37} {'prefill tok/s':>13} {'TTFT s':>7} "
+            + " ".join(f"{h:>19}" for h in ("prefill ratio", "TTFT ratio", "TTFT CPU-time ratio"))]
     for n, entry in doc["lengths"].items():
         for name, s in entry["systems"].items():
             ratio = entry["vs_transformers"].get(name)
-            cells = ["", ""] if ratio is None else [
-                f"{ratio[kind]['median']:.2f}x ({ratio[kind]['min']:.2f}-{ratio[kind]['max']:.2f})"
-                for kind in ("prefill", "ttft")]
-            rows.append(f"{n:>6}  {SYSTEMS[name]:<38} {s['prefill_tokens_per_second']:>13.0f} "
-                        f"{s['ttft_seconds_median']:>8.3f} {cells[0]:>20} {cells[1]:>20}")
+            cells = [f"{ratio[kind]['median']:.2f}x ({ratio[kind]['min']:.2f}-{ratio[kind]['max']:.2f})"
+                     if ratio else "" for kind in kinds]
+            rows.append(f"{n:>6}  {SYSTEMS[name]:<37} {s['prefill_tokens_per_second']:>13.0f} "
+                        f"{s['ttft_seconds_median']:>7.3f} " + " ".join(f"{c:>19}" for c in cells))
     return "\n".join(rows)
 
 
