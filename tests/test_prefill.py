@@ -241,4 +241,5 @@ def test_the_benchmarks_plain_twin_shares_the_weights_and_has_no_fast_path():
         target(ids(30), cache=target.new_cache(40))  # the fast modules hold their packed copies now
     twin = bench.plain_twin(target)
     assert twin.forward_kind == "eager" and target.forward_kind == "cpu-fused"
-    assert twin.head.weight is target.head.weight and type(twin.layers[0].attn.wqkv) is not type(target.layers[0].attn.wqkv)
+    assert twin.head.weight is target.head.weight, "a twin shares the weights"
+    assert type(twin.layers[0].attn.wqkv) is not type(target.layers[0].attn.wqkv), "and has the plain modules"
