@@ -1,12 +1,24 @@
-"""Attention over a cache's keys: the plain two-matmul form that the contiguous and paged caches read with."""
+"""Attention over a cache's keys: what the contiguous and paged caches read with."""
 import math
+
+import torch.nn.functional as F
+
+LONG_QUERY = 64  # more query rows than verification (MAX_K + 1) or a token tree feeds: a prefill
 
 
 def grouped_attention(q, k, v, mask):
     """softmax(q k^T / sqrt(D) + mask) v with H/Hkv query heads per key/value head.
-    q (B, H, T, D); k, v (B, Hkv, S, D); mask (B or 1, 1, T, S) additive or None.
-    Written out with two matmuls: for the few query tokens of decode and verification
-    on a CPU this beats the fused kernel, which is tuned for long queries."""
+    q (B, H, T, D); k, v (B, Hkv, S, D); mask (B or 1, 1, T, S) additive or None. Past LONG_QUERY rows
+    torch's fused kernel, which never holds the (T, S) scores: the two matmuls spent three quarters of
+    a 1,786-token prefill there (docs/benchmarks.md, section 26). Decode and verification keep them."""
+    if q.shape[2] <= LONG_QUERY:
+        return grouped_attention_reference(q, k, v, mask)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=None if mask is None else mask.to(q.dtype),
+                                          enable_gqa=True)
+
+
+def grouped_attention_reference(q, k, v, mask):
+    """The same in two matmuls, written out."""
     B, H, T, D = q.shape
     Hkv, S = k.shape[1], k.shape[2]
     G = H // Hkv

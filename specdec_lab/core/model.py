@@ -1,19 +1,17 @@
 """The project's own Llama-family decoder: the model a reader came to read.
 
-Contract: `Transformer.forward(tokens, input_pos, cache, mask) -> logits`.
-tokens (B, T) int64; input_pos (T,) the absolute positions of those tokens;
-cache a KVCache (or None for a plain causal pass, as in training); mask an
-additive (B, 1, T, L+T) mask or None. Logits are (B, T, V) in float32, or
-(B, 1, V) with last_only=True.
+Contract: `Transformer.forward(tokens, input_pos, cache, mask) -> logits`. tokens (B, T) int64;
+input_pos (T,) the absolute positions of those tokens; cache a KVCache (or None for a plain causal
+pass, as in training); mask an additive (B, 1, T, L+T) mask or None. Logits are (B, T, V) in float32,
+or (B, 1, V) with last_only=True.
 
-RMSNorm, rotary embeddings (with Llama-3 rope scaling), grouped-query attention
-with an explicit mask, and a SwiGLU MLP. q/k/v and gate/up are fused into one
-matmul each: fewer, larger products, which is what batch-1 decode wants.
+RMSNorm, rotary embeddings (with Llama-3 rope scaling), grouped-query attention with an explicit mask,
+and a SwiGLU MLP. q/k/v and gate/up are fused into one matmul each: fewer, larger products, which is
+what batch-1 decode wants.
 
-Which forward runs is decided in one place, `Transformer.runner` (`forward_kind` names
-it): None runs the eager code below; a runner installed from outside (cpu/ and compiled/
-install theirs) returns a forward's result, or None to leave it to the eager
-code. Keys and values go through the cache (`cache.attend`), whatever its layout.
+Which forward runs is decided in one place, `Transformer.runner` (`forward_kind` names it): None runs the
+eager code below; a runner installed from outside (cpu/ and compiled/ install theirs) returns a forward's
+result, or None to leave it to the eager code. Keys and values go through the cache (`cache.attend`).
 """
 import math
 
@@ -28,11 +26,9 @@ from .masks import verification_mask
 
 
 class Linear(nn.Module):
-    """y = x W (+ b) with W stored (in, out), the transpose of nn.Linear.
-
-    Batch-1 decode is a matrix-vector product bound by how fast W streams from
-    memory; on the project's CPU the (in, out) layout streamed about twice as fast
-    (docs/benchmarks.md)."""
+    """y = x W (+ b) with W stored (in, out), the transpose of nn.Linear. Batch-1 decode is a matrix-vector
+    product bound by how fast W streams from memory; on the project's CPU the (in, out) layout streamed
+    about twice as fast (docs/benchmarks.md)."""
 
     def __init__(self, d_in, d_out, bias=False):
         super().__init__()
@@ -187,33 +183,27 @@ class Transformer(nn.Module):
         return self.embed(tokens)
 
     def forward(self, tokens, input_pos=None, cache=None, mask=None, last_only=False):
-        if self.runner is not None:
-            logits = self.runner.logits(tokens, input_pos, cache, mask, last_only)
-            if logits is not None:
-                return logits
+        logits = None if self.runner is None else self.runner.logits(tokens, input_pos, cache, mask, last_only)
+        if logits is not None:
+            return logits
         x = self.eager_hidden(tokens, input_pos, cache, mask)
-        if last_only:
-            x = x[:, -1:]  # (B, 1, dim)
-        return self.head(x).float()  # (B, T, V)
+        return self.head(x[:, -1:] if last_only else x).float()  # (B, 1 or T, V)
 
     def hidden(self, tokens, input_pos=None, cache=None, mask=None, embeds=None, layers=None):
-        """The final normalised hidden states (B, T, dim), before the output head.
-        `embeds` (B, T, dim) replaces the token embeddings (a feature draft builds its own).
-        `layers`, increasing layer indices (i, j, ...): returns (final states, the residual stream
-        after each of those layers, concatenated (B, T, len(layers) * dim)), for a draft that reads
-        more of the target than its last layer (EAGLE-3, arXiv 2503.01840)."""
+        """The final normalised hidden states (B, T, dim), before the output head. `embeds` (B, T, dim)
+        replaces the token embeddings (a feature draft builds its own). `layers`, increasing layer indices
+        (i, j, ...): returns (final states, the residual stream after each of those layers, concatenated
+        (B, T, len(layers) * dim)), for a draft that reads more of the target (EAGLE-3, arXiv 2503.01840)."""
         if layers is not None:
             check_layers(layers, self.cfg.n_layers)
-        if self.runner is not None:
-            out = self.runner.hidden(tokens, input_pos, cache, mask, embeds, layers)
-            if out is not None:
-                return out
+        out = None if self.runner is None else self.runner.hidden(tokens, input_pos, cache, mask, embeds, layers)
+        if out is not None:
+            return out
         return self.eager_hidden(tokens, input_pos, cache, mask, embeds, layers)
 
     def eager_hidden(self, tokens, input_pos=None, cache=None, mask=None, embeds=None, layers=None):
-        """`hidden` in plain PyTorch. input_pos: (T,) shared by every row, or (B, T); by default
-        the positions after the cache's length. With a cache and no mask, T > 1 rows get the
-        K+1 causal mask after the cache's length."""
+        """`hidden` in plain PyTorch. input_pos: (T,) shared by every row, or (B, T); by default the positions
+        after the cache's length. With a cache and no mask, T > 1 rows get the causal mask after its length."""
         B, T = tokens.shape
         start = cache.length if cache is not None else 0
         if input_pos is None:
@@ -228,10 +218,9 @@ class Transformer(nn.Module):
         return x if layers is None else (x, taps)
 
     def run_blocks(self, tokens, input_pos, cache, mask, embeds=None, layers=None):
-        """The embeddings (or `embeds`) through every block and the final norm: the normalised
-        states (B, T, dim), and with `layers` the residual stream after each of those layers,
-        concatenated (B, T, n * dim), else None. Writes the cache; does not advance it. Shared by
-        the eager forward and the runners that keep the bookkeeping to themselves."""
+        """The embeddings (or `embeds`) through every block and the final norm: the normalised states (B, T, dim),
+        and with `layers` the residual stream after each of those layers, concatenated (B, T, n * dim), else
+        None. Writes the cache; does not advance it. Shared by the eager forward and the runners."""
         cos = self.rope_cos[input_pos].to(self.dtype).unsqueeze(-2)  # (T, 1, D) or (B, T, 1, D): over heads
         sin = self.rope_sin[input_pos].to(self.dtype).unsqueeze(-2)
         x = self.embed_tokens(tokens) if embeds is None else embeds  # (B, T, dim)
@@ -245,9 +234,8 @@ class Transformer(nn.Module):
 
 def check_layers(layers, n_layers):
     """Layer indices for Transformer.hidden(layers=...): a non-empty increasing tuple in [0, n_layers)."""
-    if not (isinstance(layers, tuple) and layers and all(isinstance(i, int) and not isinstance(i, bool)
-                                                         for i in layers)
-            and list(layers) == sorted(set(layers)) and 0 <= layers[0] and layers[-1] < n_layers):
+    ints = isinstance(layers, tuple) and all(isinstance(i, int) and not isinstance(i, bool) for i in layers)
+    if not (ints and layers and list(layers) == sorted(set(layers)) and 0 <= layers[0] and layers[-1] < n_layers):
         raise ValueError(f"layers must be a non-empty increasing tuple of layer indices in [0, {n_layers}), "
                          f"got {layers!r}")
 

@@ -14,6 +14,7 @@ from ..core.kv_cache import KVCache
 from ..core.model import Linear
 from . import build as kernels
 from .linear import panel_weight
+from .prefill import chunk_applies, chunked_hidden, chunked_logits
 
 
 def is_subset_head(head) -> bool:
@@ -229,7 +230,8 @@ class OneTokenDecoder:
 class FusedRows:
     """The `runner` seam of a Transformer (core/model.py): its forward through FusedForward where
     that applies (batch 1, 1..MAX_ROWS tokens, a contiguous float32 cache, the default causal mask
-    and positions, nothing to differentiate), None elsewhere, so the model runs its eager code."""
+    and positions, nothing to differentiate), a long prompt in chunks of rows (prefill.py), None
+    elsewhere, so the model runs its eager code."""
 
     name = "cpu-fused"
 
@@ -258,12 +260,16 @@ class FusedRows:
         return self.fused(x[0].contiguous(), cache, head=head)
 
     def logits(self, tokens, input_pos, cache, mask, last_only):
+        if chunk_applies(self.model, tokens, input_pos, cache, mask):  # a long prompt: in chunks
+            return chunked_logits(self.model, tokens, cache, last_only)  # (B, T or 1, V)
         if not self._applies(tokens, input_pos, cache, mask, None):
             return None
         y = self._run(tokens, cache, None, head=True)  # (T, V)
         return (y[-1:] if last_only else y).float().unsqueeze(0)  # (1, T or 1, V)
 
     def hidden(self, tokens, input_pos, cache, mask, embeds, layers=None):
+        if chunk_applies(self.model, tokens, input_pos, cache, mask):
+            return chunked_hidden(self.model, tokens, cache, embeds, layers)  # every prompt position's states
         if layers is not None or not self._applies(tokens, input_pos, cache, mask, embeds):
             return None
         self._run(tokens, cache, embeds, head=False)
