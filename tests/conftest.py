@@ -1,12 +1,32 @@
 """Shared fixtures: the default target (ours and transformers'), and a tiny random pair.
 
-The default target loads once per session (about 6 s); transformers' copy of it
-is the oracle for parity tests. Tests marked `gpu` are skipped without CUDA.
+The default target loads once per session (about 6 s; once per worker under `pytest -n`);
+transformers' copy of it is the oracle for parity tests. Tests marked `gpu` are skipped without CUDA.
+
+`make test` runs two pytest-xdist workers that share the cache (~/.cache/specdec_lab): what is
+built there on first use is built under a file lock (cache_lock), so one worker builds it and the
+other waits and reads the finished file.
 """
+import fcntl
+import os
+from contextlib import contextmanager
+
 import pytest
 import torch
 
+from specdec_lab.core.config import cache_dir
 from specdec_lab.io.pair import ModelPair, load_model_cached, tiny_model
+
+
+@contextmanager
+def cache_lock(name):
+    """Hold an exclusive lock on cache_dir()/.name.lock, across processes, for the block."""
+    with open(cache_dir() / f".{name}.lock", "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -17,6 +37,24 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+def pytest_collection_finish(session):
+    """Under pytest-xdist, export the shipped draft's GGUF into the cache (bench/peer.py's
+    exported_draft_gguf) before any test or chapter reads it: a chapter's kernel and a test in the
+    other worker would otherwise write the same file at once. The first worker exports it under
+    the lock; the other finds it there. A failure is left to the tests that need the file."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    files = {item.path for item in session.items}
+    if not any("exported_draft_gguf" in path.read_text(errors="ignore") for path in files if path.is_file()):
+        return
+    from specdec_lab.bench.peer import exported_draft_gguf
+    with cache_lock("export"):
+        try:
+            exported_draft_gguf()
+        except Exception:  # noqa: BLE001 -- the tests that read the file report it
+            pass
 
 
 def pytest_collection_modifyitems(config, items):
@@ -32,7 +70,8 @@ def pytest_collection_modifyitems(config, items):
 def default_target_dir():
     """The converted Hugging Face folder of SmolLM2-135M-Instruct (fetched once if missing)."""
     from specdec_lab.io.assets import ensure_default_target
-    return ensure_default_target()
+    with cache_lock("default_target"):  # two workers would convert it into the same folder at once
+        return ensure_default_target()
 
 
 @pytest.fixture(scope="session")
