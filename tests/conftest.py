@@ -57,7 +57,29 @@ def pytest_collection_finish(session):
             pass
 
 
+# Files that take minutes (a fixture, a subprocess or a browser), in the order `make test` starts them.
+# pytest-xdist hands each worker a whole file (--dist loadfile) in the collection's order; these go
+# first so that neither worker is left with one of them at the end while the other idles.
+LONG_FILES = ("tests/test_bench.py", "tests/test_gpu_check.py", "tests/test_browser_demo.py", "tests/test_eagle3.py",
+              "notebooks/06_engine_loop.ipynb", "tests/test_engine_default.py", "tests/test_distill.py")
+
+
+def _long_first(items, root):
+    """Whole files, the LONG_FILES first, then the others by item count, largest first (what
+    pytest-xdist's own reordering does); each file's items stay in their order."""
+    files = {}
+    for item in items:
+        files.setdefault(item.path.relative_to(root).as_posix() if item.path.is_relative_to(root) else str(item.path),
+                         []).append(item)
+
+    def rank(name):
+        return (LONG_FILES.index(name), 0) if name in LONG_FILES else (len(LONG_FILES), -len(files[name]))
+    items[:] = [item for name in sorted(files, key=rank) for item in files[name]]
+
+
 def pytest_collection_modifyitems(config, items):
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        _long_first(items, config.rootpath)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs CUDA (marked gpu)")
