@@ -37,12 +37,16 @@ peer: $(STAMP)
 lab: setup
 	$(VENV)/bin/jupyter lab notebooks/
 
-# The library's tests, then every notebook executed and compared by nbval. One torch thread per
-# process: the browser test runs JupyterLab, a kernel and Chromium beside pytest on 2 cores, and
-# oversubscribed OpenMP threads slow torch down many times over.
+# The library's tests, then every notebook executed and compared by nbval, in two worker processes
+# (pytest-xdist, one per core). --dist loadfile sends each file whole to one worker: a notebook's
+# cells run in order in one kernel, and a module's tests share its module-scoped fixtures. The files
+# go out in tests/conftest.py's order, the longest first (--no-loadscope-reorder keeps it). One torch
+# thread per process: two workers fill the 2 cores (the browser test adds JupyterLab, a kernel and
+# Chromium), and oversubscribed OpenMP threads slow torch down many times over.
 test: setup
 	$(VENV)/bin/lint-imports
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q tests notebooks --nbval --sanitize-with notebooks/sanitize.cfg
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder tests notebooks --nbval \
+		--sanitize-with notebooks/sanitize.cfg
 
 demo: setup
 	$(PY) -m specdec_lab generate --prompt "Why is the sky blue?" --k 4 --max-new-tokens 64

@@ -1,12 +1,32 @@
 """Shared fixtures: the default target (ours and transformers'), and a tiny random pair.
 
-The default target loads once per session (about 6 s); transformers' copy of it
-is the oracle for parity tests. Tests marked `gpu` are skipped without CUDA.
+The default target loads once per session (about 6 s; once per worker under `pytest -n`);
+transformers' copy of it is the oracle for parity tests. Tests marked `gpu` are skipped without CUDA.
+
+`make test` runs two pytest-xdist workers that share the cache (~/.cache/specdec_lab): what is
+built there on first use is built under a file lock (cache_lock), so one worker builds it and the
+other waits and reads the finished file.
 """
+import fcntl
+import os
+from contextlib import contextmanager
+
 import pytest
 import torch
 
+from specdec_lab.core.config import cache_dir
 from specdec_lab.io.pair import ModelPair, load_model_cached, tiny_model
+
+
+@contextmanager
+def cache_lock(name):
+    """Hold an exclusive lock on cache_dir()/.name.lock, across processes, for the block."""
+    with open(cache_dir() / f".{name}.lock", "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -19,7 +39,47 @@ def one_torch_thread():
     torch.set_num_threads(before)
 
 
+def pytest_collection_finish(session):
+    """Under pytest-xdist, export the shipped draft's GGUF into the cache (bench/peer.py's
+    exported_draft_gguf) before any test or chapter reads it: a chapter's kernel and a test in the
+    other worker would otherwise write the same file at once. The first worker exports it under
+    the lock; the other finds it there. A failure is left to the tests that need the file."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    files = {item.path for item in session.items}
+    if not any("exported_draft_gguf" in path.read_text(errors="ignore") for path in files if path.is_file()):
+        return
+    from specdec_lab.bench.peer import exported_draft_gguf
+    with cache_lock("export"):
+        try:
+            exported_draft_gguf()
+        except Exception:  # noqa: BLE001 -- the tests that read the file report it
+            pass
+
+
+# Files that take minutes (a fixture, a subprocess or a browser), in the order `make test` starts them.
+# pytest-xdist hands each worker a whole file (--dist loadfile) in the collection's order; these go
+# first so that neither worker is left with one of them at the end while the other idles.
+LONG_FILES = ("tests/test_bench.py", "tests/test_gpu_check.py", "tests/test_browser_demo.py", "tests/test_eagle3.py",
+              "notebooks/06_engine_loop.ipynb", "tests/test_engine_default.py", "tests/test_distill.py")
+
+
+def _long_first(items, root):
+    """Whole files, the LONG_FILES first, then the others by item count, largest first (what
+    pytest-xdist's own reordering does); each file's items stay in their order."""
+    files = {}
+    for item in items:
+        files.setdefault(item.path.relative_to(root).as_posix() if item.path.is_relative_to(root) else str(item.path),
+                         []).append(item)
+
+    def rank(name):
+        return (LONG_FILES.index(name), 0) if name in LONG_FILES else (len(LONG_FILES), -len(files[name]))
+    items[:] = [item for name in sorted(files, key=rank) for item in files[name]]
+
+
 def pytest_collection_modifyitems(config, items):
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        _long_first(items, config.rootpath)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs CUDA (marked gpu)")
@@ -32,7 +92,8 @@ def pytest_collection_modifyitems(config, items):
 def default_target_dir():
     """The converted Hugging Face folder of SmolLM2-135M-Instruct (fetched once if missing)."""
     from specdec_lab.io.assets import ensure_default_target
-    return ensure_default_target()
+    with cache_lock("default_target"):  # two workers would convert it into the same folder at once
+        return ensure_default_target()
 
 
 @pytest.fixture(scope="session")
