@@ -75,7 +75,7 @@ def parse_request(body, chat, tokenizer, vocab_size, max_seq_len, model_name) ->
     room = max_seq_len - len(ids) - LOOKAHEAD
     return GenRequest(chat, ids, _max_tokens(body, chat, room, len(ids), max_seq_len), _sampling(body),
                       _stop(body, tokenizer), stream, bool(options and _bool(options, "include_usage", False)),
-                      _bool(body, "return_token_ids", False))
+                      _bool(body, "return_token_ids", tokenizer is None))  # without a tokenizer, ids are the answer
 
 
 def _check_fields(body, chat):
@@ -119,7 +119,8 @@ def _chat_ids(messages, tokenizer) -> list:
         raise bad("messages", f"messages must be a non-empty list of {{role, content}}, got {_short(messages)}")
     turns = [_message(i, m) for i, m in enumerate(messages)]
     if tokenizer is None or not getattr(tokenizer, "chat_template", None):
-        raise bad("messages", "this server's model has no chat template: use /v1/completions")
+        raise bad("messages", "messages need a chat template, and this server's model has none: use "
+                              "/v1/completions with token ids")
     ids = tokenizer.apply_chat_template(turns, add_generation_prompt=True, tokenize=True)
     return list(ids if isinstance(ids, list) else ids["input_ids"])
 
@@ -142,10 +143,10 @@ def _message(i, m) -> dict:
 
 def _check_ids(ids, vocab_size, param, max_seq_len):
     if min(ids) < 0 or max(ids) >= vocab_size:
-        raise bad(param, f"token ids must be in [0, {vocab_size}), got min {min(ids)}, max {max(ids)}")
+        raise bad(param, f"{param}: token ids must be in [0, {vocab_size}), got min {min(ids)}, max {max(ids)}")
     most = max_seq_len - LOOKAHEAD - 1
     if len(ids) > most:
-        raise bad(param, f"the prompt is {len(ids)} tokens; this server holds {max_seq_len} positions, so at most "
+        raise bad(param, f"{param}: the prompt is {len(ids)} tokens; this server holds {max_seq_len} positions, so at most "
                          f"{most} prompt tokens (one new token and a step's lookahead of {LOOKAHEAD} must fit)",
                   code="context_length_exceeded")
 
