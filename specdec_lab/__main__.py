@@ -1,4 +1,5 @@
-"""Command line: python -m specdec_lab {fetch, generate, acceptance, prompts, distill, distill-features, bench, export}.
+"""Command line: python -m specdec_lab {fetch, generate, acceptance, prompts, distill, distill-features, bench, export,
+serve}.
 
 Bad input ends in one line, `error: ...`, and exit status 2 (--debug shows the traceback); option
 values are checked before any model loads."""
@@ -18,12 +19,15 @@ from .api import (SpeculativeEngine, autoregressive_generate, check_dtype, compi
                   load_eagle3_draft, load_feature_draft, load_pair)
 from .bench.main import bench_main, env_threads
 from .bench.peer import PEER_QUICK, PeerConfig, format_peer, llama_server_path, run_peer_bench
+from .bench.serve import ServeBenchConfig
 from .core.config import MAX_K, cache_dir
 from .cpu import SelfDraft, best_weights
 from .drafters.eagle3 import is_eagle3_folder, shipped_eagle3_draft_dir
 from .io.assets import ensure_default_target, ensure_gguf
 from .io.export import export_eagle3_vllm, export_gguf_draft, export_hf_draft
 from .io.pair import LoadError, check_device_available, check_loadable, default_draft_dir, load_model_cached
+from .serve import BatchEngine, GoodputPolicy, KSchedule, Server, measure_step_costs
+from .service import Service, run as run_service
 from .train.acceptance import acceptance_report, agreement_table, greedy_agreement
 from .train.distill import distill_main
 from .train.eagle3 import eagle3_main
@@ -351,6 +355,61 @@ def cmd_bench(args):
     print(json.dumps(doc))
 
 
+def _serve_k(text):
+    """--k for serve: an int in [0, MAX_K], or schedule / goodput as bench --serve has them."""
+    if text in ("schedule", "goodput"):
+        return text
+    try:
+        k = int(text)
+    except ValueError:
+        k = -1
+    if not 0 <= k <= MAX_K:
+        raise argparse.ArgumentTypeError(f"--k must be an int in [0, {MAX_K}], schedule or goodput, got {text!r}")
+    return k
+
+
+def check_serve_options(args):
+    """serve's option values, before anything loads."""
+    _in("--port", args.port, 0, 65535, "an int in [0, 65535] (0: any free port)")
+    _in("--max-batch", args.max_batch, 1, math.inf, "an int >= 1")
+    _in("--max-waiting", args.max_waiting, 0, math.inf, "an int >= 0")
+    _in("--max-seq-len", args.max_seq_len, 2 * (MAX_K + 2), math.inf, f"an int >= {2 * (MAX_K + 2)}")
+    if args.api_key is not None and not args.api_key.strip():
+        raise ValueError("--api-key must not be empty (leave it out to serve without a key)")
+    if args.k == 0 and args.draft:
+        raise ValueError("--k 0 is plain batched decoding: it takes no --draft")
+    check_sources(args)
+
+
+def _serve_policy(args, pair):
+    """The Server's k: the int, the schedule of bench --serve, or the goodput policy on step costs measured
+    here first (a few seconds)."""
+    cfg = ServeBenchConfig()
+    if args.k == "schedule":
+        return KSchedule(cfg.schedule)
+    if args.k != "goodput":
+        return args.k
+    _say(f"measuring step costs for the goodput policy at batch sizes {cfg.batch_sizes}, K {cfg.cost_ks} ...")
+    engine = BatchEngine(pair.target, pair.draft, num_blocks=max(cfg.batch_sizes) * 8, max_seq_len=1024)
+    costs = measure_step_costs(engine, cfg.batch_sizes, cfg.cost_ks, context=cfg.context, reps=cfg.cost_reps)
+    return GoodputPolicy(costs, k_max=cfg.k)
+
+
+def cmd_serve(args):
+    """The Server behind an OpenAI-compatible HTTP API (service/), until SIGINT or SIGTERM."""
+    pair = _pair(args)
+    _check_max_seq_len(args, pair.target, *([pair.draft] if args.k != 0 else []))
+    k = _serve_policy(args, pair)
+    server = Server(pair.target, pair.draft if args.k != 0 else None, max_batch=args.max_batch,
+                    max_seq_len=args.max_seq_len, k=k if args.k != 0 else 0, keep_steps=False,
+                    tokenizer=pair.tokenizer)
+    name = args.served_model_name or Path(str(args.target or ensure_default_target())).name
+    service = Service(server, name, max_waiting=args.max_waiting, api_key=args.api_key)
+    _say(f"serving {name} (k {args.k}, max batch {args.max_batch}) at http://{args.host}:{args.port}/v1; "
+         f"Ctrl-C stops it")
+    run_service(service, host=args.host, port=args.port)
+
+
 def project_root() -> Path:
     return Path(__file__).resolve().parent.parent
 
@@ -472,6 +531,34 @@ def add_bench_parser(sub, common):
                         "shipped draft, self-draft and 4-bit decode; --num-prompts (default 24), --max-new-tokens "
                         "(default 64), --threads (default 1)")
     b.add_argument("--json", action="store_true", help="print only the JSON document")
+
+
+def add_serve_parser(sub, common):
+    s = sub.add_parser("serve", parents=[common], help="an OpenAI-compatible HTTP server (completions, chat, "
+                       "/v1/models, /health, /metrics) over the batched speculative server",
+                       description="Serve the pair over HTTP with OpenAI's API (docs/design.md, \"The service\"): "
+                                   "POST /v1/completions and /v1/chat/completions (stream: true as server-sent "
+                                   "events), GET /v1/models, /health and /metrics (vLLM's metric names). "
+                                   "SIGINT/SIGTERM stop admitting, let what runs finish (30 s), then exit.")
+    s.add_argument("--port", type=int, default=8000, help="TCP port (default %(default)s)")
+    s.add_argument("--host", default="127.0.0.1", help="interface to bind (default %(default)s, loopback only; "
+                   "0.0.0.0 exposes it to the network)")
+    s.add_argument("--target", help="hub id, folder or .gguf (default: SmolLM2-135M-Instruct)")
+    s.add_argument("--draft", help="hub id or folder of the draft (default: the shipped draft)")
+    s.add_argument("--k", type=_serve_k, default=4, help="draft length: an int in [0, 16] (0: plain batched "
+                   "decoding), schedule (K by batch size, as bench --serve) or goodput (K per step from step "
+                   "costs measured at start; default %(default)s)")
+    s.add_argument("--max-batch", type=int, default=8, help="requests decoded together (default %(default)s)")
+    s.add_argument("--max-waiting", type=int, default=64, help="requests queued beyond the batch; more are "
+                   "answered 429 (default %(default)s)")
+    s.add_argument("--max-seq-len", type=int, default=2048, help="prompt + answer + a step's lookahead per request, "
+                   "up to the models' own limit (default %(default)s)")
+    s.add_argument("--api-key", help="require Authorization: Bearer KEY on /v1 (default: no key)")
+    s.add_argument("--served-model-name", help="the model's name in requests and /v1/models (default: the "
+                   "target's folder name)")
+    s.add_argument("--device", default="cpu", help="where the models run (default %(default)s)")
+    s.add_argument("--dtype", choices=["float32", "bfloat16", "float16"],
+                   help="default float32 on the CPU, bfloat16 on CUDA")
 
 
 def add_generate_parser(sub, common):
@@ -630,6 +717,7 @@ def build_parser():
     add_acceptance_parser(sub, common)
     add_prompts_parser(sub, common)
     add_bench_parser(sub, common)
+    add_serve_parser(sub, common)
     e = sub.add_parser("export", parents=[common], help="write the shipped drafts for llama.cpp (GGUF) and vLLM "
                        "(a draft model folder; the EAGLE-3-style draft in vLLM's EAGLE-3 layout), with the commands "
                        "that serve them",
@@ -646,7 +734,7 @@ def build_parser():
 
 COMMANDS = {"fetch": cmd_fetch, "generate": cmd_generate, "distill": cmd_distill,
             "distill-features": cmd_distill_features, "acceptance": cmd_acceptance, "prompts": cmd_prompts,
-            "bench": cmd_bench, "export": cmd_export}
+            "bench": cmd_bench, "export": cmd_export, "serve": cmd_serve}
 
 
 def main(argv=None):
@@ -656,6 +744,8 @@ def main(argv=None):
             check_generate_options(args)
         elif args.cmd == "bench":
             check_sources(args)
+        elif args.cmd == "serve":
+            check_serve_options(args)
         COMMANDS[args.cmd](args)
     except (ValueError, OSError) as e:  # LoadError is a ValueError; a missing file an OSError
         if args.debug:

@@ -3,6 +3,7 @@ port the OS picks. Tiny random models with token-id prompts keep it fast; one sl
 pair's chat template end to end."""
 import asyncio
 import json
+import signal
 import socket
 import subprocess
 import threading
@@ -12,12 +13,11 @@ import httpx
 import openai
 import pytest
 import torch
-import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
 
 import specdec_lab as sl
 from specdec_lab.serve import Server
-from specdec_lab.service import Service, build_app
+from specdec_lab.service import Service, http_server
 
 TARGET, DRAFT = sl.tiny_model(0), sl.tiny_model(1, n_layers=1)
 POISON = 61  # a token id the faulty target refuses to read (as in tests/test_serve_faults.py)
@@ -33,8 +33,7 @@ class Running:
         sock = socket.socket()
         sock.bind(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-        self.uvicorn = uvicorn.Server(uvicorn.Config(build_app(service), log_level="warning",
-                                                     timeout_graceful_shutdown=5))
+        self.uvicorn = http_server(service, log_level="warning", grace_seconds=5)
         self.thread = threading.Thread(target=self.uvicorn.run, kwargs={"sockets": [sock]}, daemon=True)
         self.thread.start()
         deadline = time.monotonic() + 30
@@ -68,6 +67,14 @@ def tiny():
     running = Running(_service())
     yield running
     running.stop()
+
+
+def _eventually(running, key, value, seconds=10):
+    """Wait until the scraped metric `key` reads `value` (the engine thread reports between steps)."""
+    deadline = time.monotonic() + seconds
+    while running.metrics().get(key) != value:
+        assert time.monotonic() < deadline, f"{key} is {running.metrics().get(key)}, not {value}"
+        time.sleep(0.01)
 
 
 def _greedy(prompt, n, target=TARGET):
@@ -143,10 +150,8 @@ def test_a_client_that_disconnects_mid_stream_cancels_its_request_and_frees_its_
             assert r.status_code == 200
             lines = r.iter_lines()
             assert next(lines).startswith("data: ")
-        deadline = time.monotonic() + 10
-        while running.metrics()[("vllm:num_requests_running", ())] != 0:
-            assert time.monotonic() < deadline, "the request still runs after its client left"
-            time.sleep(0.05)
+        _eventually(running, ("vllm:num_requests_running", ()), 0)
+        _eventually(running, ("vllm:request_success_total", (("finished_reason", "abort"),)), 1)
         m = running.metrics()
         assert m[("vllm:request_success_total", (("finished_reason", "abort"),))] == 1
         assert m[("vllm:kv_cache_usage_perc", ())] == 0.0
@@ -229,10 +234,7 @@ def test_more_than_max_waiting_queued_is_answered_429_at_once():
         ids = list(next(iter(first)).choices[0].token_ids)  # running now: the batch of one is full
         queued = threading.Thread(target=lambda: results.update(q=_ids(running.client(), PROMPTS[3], 21)))
         queued.start()
-        deadline = time.monotonic() + 10
-        while running.metrics()[("vllm:num_requests_waiting", ())] != 1:
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
+        _eventually(running, ("vllm:num_requests_waiting", ()), 1)
         t0 = time.monotonic()
         with pytest.raises(openai.RateLimitError):
             client.completions.create(model="tiny", prompt=[5, 6], max_tokens=4)
@@ -272,6 +274,22 @@ def test_a_failed_request_answers_500_and_harms_no_other():
         assert running.metrics()[("vllm:request_success_total", (("finished_reason", "error"),))] == 2
     finally:
         running.stop()
+
+
+def test_sigterm_stops_admitting_lets_the_running_answer_finish_and_exits():
+    slow = lambda server, record: time.sleep(0.02)  # noqa: E731
+    running = Running(_service(on_batch=slow))
+    stream = running.client().completions.create(model="tiny", prompt=PROMPTS[3], max_tokens=21, temperature=0,
+                                                  stream=True)
+    chunks = iter(stream)
+    ids = list(next(chunks).choices[0].token_ids)
+    running.uvicorn.handle_exit(signal.SIGTERM, None)  # what uvicorn's signal handler calls
+    with pytest.raises((openai.APIConnectionError, openai.APIStatusError)):  # refused, or 503 while closing
+        running.client().completions.create(model="tiny", prompt=[1, 2], max_tokens=4)
+    ids += [t for chunk in chunks for c in chunk.choices for t in c.token_ids]
+    assert ids == _greedy(PROMPTS[3], 21), "what ran when the signal came finishes"
+    running.thread.join(timeout=30)
+    assert not running.thread.is_alive() and not running.service.engine._thread.is_alive()
 
 
 def test_curl_sees_the_raw_sse_framing(tiny):
@@ -321,5 +339,15 @@ def test_default_pair_greedy_chat_equals_autoregressive_decoding_streamed_and_no
         text = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(stream=True, **args)
                        if c.choices)
         assert text == want.text
+        mid = len(want.text) // 2
+        stop = want.text[mid:mid + 3]  # a stop string spanning tokens, most likely
+        cut = want.text[:want.text.find(stop)]
+        r = client.chat.completions.create(stop=[stop, "\u2603never"], **args)
+        assert (r.choices[0].message.content, r.choices[0].finish_reason) == (cut, "stop")
+        chunks = [c for c in client.chat.completions.create(stream=True, stop=stop, **args) if c.choices]
+        assert "".join(c.choices[0].delta.content or "" for c in chunks) == cut
+        assert chunks[-1].choices[0].finish_reason == "stop"
+        # the stream's last chunk goes out as the cancel is handed to the engine thread, so wait for it
+        _eventually(running, ("vllm:request_success_total", (("finished_reason", "stop"),)), 2)
     finally:
         running.stop()

@@ -69,10 +69,16 @@ class _Uvicorn(uvicorn.Server):
         super().handle_exit(sig, frame)
 
 
-def run(service, host="127.0.0.1", port=8000, grace_seconds=30.0, log_level="info"):
+def http_server(service, host="127.0.0.1", port=8000, grace_seconds=30.0, log_level="info") -> uvicorn.Server:
+    """The uvicorn server of `service`, not started: `.run()` (or `.run(sockets=[...])`) serves until
+    SIGINT/SIGTERM or `should_exit`."""
     config = uvicorn.Config(build_app(service), host=host, port=port, log_level=log_level,
                             timeout_graceful_shutdown=grace_seconds)
-    _Uvicorn(config, service).run()
+    return _Uvicorn(config, service)
+
+
+def run(service, host="127.0.0.1", port=8000, grace_seconds=30.0, log_level="info"):
+    http_server(service, host, port, grace_seconds, log_level).run()
 
 
 # -- handlers --------------------------------------------------------------------------
@@ -178,7 +184,7 @@ class _Answer:
             self.ids += new
             yield text, new
             if self.detok.stopped:  # the answer is complete; the request's blocks can go
-                self.service.engine.cancel(self.handle)
+                self.service.engine.cancel(self.handle, reason="stop")
                 self.reason = "stop"
                 return
         self.reason = _ended(self.handle)

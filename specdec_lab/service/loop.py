@@ -42,6 +42,7 @@ class EngineLoop:
         self._cond = threading.Condition()
         self._inbox: list = []  # (function, Future) jobs for this thread
         self._watched: dict = {}  # handle -> on_done, for every request not yet reported done
+        self._reasons: dict = {}  # handle -> why it was cancelled, until reported
         self._open, self._stopping, self._ended = True, False, False
         self.step_errors = 0
         self._thread = threading.Thread(target=self._run, name="specdec-engine", daemon=True)
@@ -56,9 +57,10 @@ class EngineLoop:
         """A Future of the Handle; its exception is ValueError (bad input, from Server.submit), Busy or Closed."""
         return self._post(lambda: self._submit(ids, on_tokens, on_done, sampling))
 
-    def cancel(self, handle) -> Future:
-        """Cancel a request (its blocks return at once, between steps); does not wait."""
-        return self._post(lambda: self._cancel(handle))
+    def cancel(self, handle, reason="abort") -> Future:
+        """Cancel a request (its blocks return at once, between steps); does not wait. `reason`: what the
+        metrics count it as ("stop" when the answer met a stop string, else "abort")."""
+        return self._post(lambda: self._cancel(handle, reason))
 
     def close(self):
         """Admit nothing more (submit's Future raises Closed); what waits and runs goes on."""
@@ -132,15 +134,18 @@ class EngineLoop:
             on_tokens(new)
         return on_step
 
-    def _cancel(self, handle):
+    def _cancel(self, handle, reason):
+        if not handle.done:
+            self._reasons[handle] = reason
         handle.cancel()
         self._report_done()
 
     def _report_done(self):
         for handle in [h for h in self._watched if h.done]:
             on_done = self._watched.pop(handle)
+            reason = self._reasons.pop(handle, None)
             if self.metrics is not None:
-                self.metrics.on_done(handle)
+                self.metrics.on_done(handle, reason)
             try:
                 on_done(handle)
             except Exception:  # a reply that cannot be delivered is its own; the loop goes on

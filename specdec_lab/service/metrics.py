@@ -78,9 +78,11 @@ class ServiceMetrics:
             self.itl.observe(now - last)
         self._last[handle.id] = now
 
-    def on_done(self, handle):
+    def on_done(self, handle, reason=None):
+        """`reason` overrides the handle's for a cancelled request: "stop" when it met a stop string."""
         self._last.pop(handle.id, None)
-        self.finished.labels(**self.labels, finished_reason=REASONS[handle.finish_reason]).inc()
+        reason = reason if reason is not None and handle.status == "cancelled" else REASONS[handle.finish_reason]
+        self.finished.labels(**self.labels, finished_reason=reason).inc()
         self.prompt_tokens.inc(len(handle.seq.prompt))
         if handle.finish_time is not None:
             self.e2e.observe(handle.finish_time - handle.submit_time)
