@@ -17,6 +17,7 @@ import torch
 
 from .api import (SpeculativeEngine, autoregressive_generate, check_dtype, compiled_twin, load_default_pair,
                   load_eagle3_draft, load_feature_draft, load_pair)
+from .bench.load import LoadConfig, format_load, run_load
 from .bench.main import bench_main, env_threads
 from .bench.peer import PEER_QUICK, PeerConfig, format_peer, llama_server_path, run_peer_bench
 from .bench.serve import ServeBenchConfig
@@ -341,7 +342,32 @@ def cmd_prompts(args):
           f"p90 {st['words']['p90']}; rejected {doc['rejected']}")
 
 
+def _floats(name, text) -> tuple:
+    try:
+        return tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise ValueError(f"{name} must be a comma list of numbers, got {text!r}") from None
+
+
+def cmd_load(args):
+    """bench --load: the server at --base-url under Poisson arrivals and a closed-loop concurrency sweep."""
+    if not args.base_url:
+        raise ValueError("bench --load needs --base-url, the server's address (e.g. http://127.0.0.1:8000)")
+    rates = _floats("--rates", args.rates) if args.rates is not None else LoadConfig.rates
+    clients = tuple(int(c) for c in _floats("--concurrencies", args.concurrencies)) if args.concurrencies else \
+        LoadConfig.concurrencies
+    cfg = LoadConfig(base_url=args.base_url, prompts=BENCH_PROMPTS[:args.prompts or len(BENCH_PROMPTS)],
+                     max_tokens=args.max_new_tokens or 64, rates=rates, concurrencies=clients,
+                     requests=args.load_requests, api_key=args.api_key)
+    doc = run_load(cfg, log=_say)
+    if not args.json:
+        print(format_load(doc))
+    print(json.dumps(doc))
+
+
 def cmd_bench(args):
+    if args.load:
+        return cmd_load(args)
     if not args.peer:
         return bench_main(args)
     threads = args.threads if args.threads is not None else env_threads()
@@ -509,7 +535,7 @@ def add_bench_parser(sub, common):
                         "1, 2, 4, 8, 16 for plain batched decoding, fixed K, a per-batch-size schedule and the "
                         "goodput policy, and a Poisson open loop, with and without speculation")
     b.add_argument("--rounds", type=int, help="--serve: requests each closed-loop client sends (default 2)")
-    b.add_argument("--rates", help="--serve: open-loop request rates per second, a comma list (default 0.5,1,2; "
+    b.add_argument("--rates", help="--serve and --load: open-loop request rates per second, a comma list (default 0.5,1,2; "
                    "empty: no open loop)")
     b.add_argument("--serve-equality", action="store_true",
                    help="only greedy answers through serve.Server (a batch of 8, arrivals midway) against batch-1 "
@@ -530,6 +556,15 @@ def add_bench_parser(sub, common):
                         "autoregressive and with the exported draft at K = 2, against this engine's autoregressive, "
                         "shipped draft, self-draft and 4-bit decode; --num-prompts (default 24), --max-new-tokens "
                         "(default 64), --threads (default 1)")
+    b.add_argument("--load", action="store_true",
+                   help="only an OpenAI-compatible server at --base-url under load (bench/load.py): Poisson "
+                        "arrivals at --rates (default 0.5,1,2) and a closed loop at --concurrencies; TTFT, TPOT, "
+                        "e2e p50/p99, tokens/s and, from its /metrics, tau; --max-new-tokens (default 64)")
+    b.add_argument("--base-url", help="--load: the server, e.g. http://127.0.0.1:8000 (no default: required with --load)")
+    b.add_argument("--concurrencies", help="--load: closed-loop clients, a comma list (default 1,2,4,8)")
+    b.add_argument("--load-requests", type=int, default=16, help="--load: requests per rate and per concurrency "
+                   "(default %(default)s)")
+    b.add_argument("--api-key", help="--load: sent as Authorization: Bearer KEY (default: none)")
     b.add_argument("--json", action="store_true", help="print only the JSON document")
 
 
