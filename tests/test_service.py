@@ -157,6 +157,10 @@ def test_a_client_that_disconnects_mid_stream_cancels_its_request_and_frees_its_
         assert m[("vllm:kv_cache_usage_perc", ())] == 0.0
         assert running.service.server.engine.target_kv.used_blocks == 0 == running.service.server.engine.draft_kv.used_blocks
         assert m[("vllm:generation_tokens_total", ())] < 200, "it was cancelled, not run to its end"
+        with pytest.raises(httpx.ReadTimeout):  # a non-streamed request whose client gives up
+            httpx.post(running.url + "/v1/completions", json=body | {"stream": False}, timeout=0.5)
+        _eventually(running, ("vllm:request_success_total", (("finished_reason", "abort"),)), 2)
+        assert running.metrics()[("vllm:kv_cache_usage_perc", ())] == 0.0
         assert _ids(running.client(), [4, 5], 6) == (_greedy([4, 5], 6, target), "length"), "the server goes on"
     finally:
         running.stop()

@@ -78,7 +78,11 @@ def http_server(service, host="127.0.0.1", port=8000, grace_seconds=30.0, log_le
 
 
 def run(service, host="127.0.0.1", port=8000, grace_seconds=30.0, log_level="info"):
-    http_server(service, host, port, grace_seconds, log_level).run()
+    """Serve until SIGINT or SIGTERM, then shut down gracefully."""
+    try:
+        http_server(service, host, port, grace_seconds, log_level).run()
+    except KeyboardInterrupt:  # uvicorn raises the SIGINT it handled again once its shutdown is done
+        pass
 
 
 # -- handlers --------------------------------------------------------------------------
