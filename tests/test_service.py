@@ -133,10 +133,11 @@ def test_sixteen_concurrent_clients_each_get_their_batch_1_answer(tiny):
         finally:
             await client.close()
 
+    steps = tiny.service.server.steps
     got = asyncio.run(everyone())
+    assert tiny.service.server.steps - steps < sum(budgets) / 2, "the clients' requests shared batched steps"
     for p, n, ids in zip(prompts, budgets, got):
-        want = _greedy(p, n)
-        assert ids == want[:len(ids)] and (len(ids) == n or want[len(ids) - 1] == 63), p
+        assert ids == _greedy(p, n), p  # batch-1 decoding stops at EOS as the server does
     assert tiny.metrics()[("vllm:num_requests_running", ())] == 0
 
 
