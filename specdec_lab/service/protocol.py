@@ -93,8 +93,9 @@ def _check_fields(body, chat):
         raise bad("messages", "messages is required: a list of {role, content}")
     if not chat and "prompt" not in body:
         raise bad("prompt", "prompt is required: a string or a list of token ids")
-    if body.get("n", 1) != 1 or isinstance(body.get("n"), bool):
-        raise bad("n", f"n must be 1 (one answer per request), got {body.get('n')!r}")
+    n = body.get("n")
+    if n is not None and (n != 1 or isinstance(n, bool)):
+        raise bad("n", f"n must be 1 (one answer per request), got {n!r}")
 
 
 def _prompt_ids(prompt, tokenizer) -> list:
@@ -203,7 +204,7 @@ def _bool(body, name, default):
 
 def _stop(body, tokenizer) -> list:
     stop = body.get("stop")
-    if stop is None:
+    if stop is None or stop == []:
         return []
     stops = [stop] if isinstance(stop, str) else stop
     if not isinstance(stops, list) or not 1 <= len(stops) <= 4 or not all(isinstance(s, str) and s for s in stops):
