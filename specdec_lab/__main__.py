@@ -17,7 +17,7 @@ import torch
 
 from .api import (SpeculativeEngine, autoregressive_generate, check_dtype, compiled_twin, load_default_pair,
                   load_eagle3_draft, load_feature_draft, load_pair)
-from .bench.load import LoadConfig, format_load, run_load
+from .bench.load import add_load_arguments, load_main
 from .bench.main import bench_main, env_threads
 from .bench.peer import PEER_QUICK, PeerConfig, format_peer, llama_server_path, run_peer_bench
 from .bench.serve import ServeBenchConfig
@@ -27,8 +27,7 @@ from .drafters.eagle3 import is_eagle3_folder, shipped_eagle3_draft_dir
 from .io.assets import ensure_default_target, ensure_gguf
 from .io.export import export_eagle3_vllm, export_gguf_draft, export_hf_draft
 from .io.pair import LoadError, check_device_available, check_loadable, default_draft_dir, load_model_cached
-from .serve import BatchEngine, GoodputPolicy, KSchedule, Server, measure_step_costs
-from .service import Service, run as run_service
+from .service.cli import add_serve_parser, check_serve_args, serve_main
 from .train.acceptance import acceptance_report, agreement_table, greedy_agreement
 from .train.distill import distill_main
 from .train.eagle3 import eagle3_main
@@ -342,32 +341,9 @@ def cmd_prompts(args):
           f"p90 {st['words']['p90']}; rejected {doc['rejected']}")
 
 
-def _floats(name, text) -> tuple:
-    try:
-        return tuple(float(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise ValueError(f"{name} must be a comma list of numbers, got {text!r}") from None
-
-
-def cmd_load(args):
-    """bench --load: the server at --base-url under Poisson arrivals and a closed-loop concurrency sweep."""
-    if not args.base_url:
-        raise ValueError("bench --load needs --base-url, the server's address (e.g. http://127.0.0.1:8000)")
-    rates = _floats("--rates", args.rates) if args.rates is not None else LoadConfig.rates
-    clients = tuple(int(c) for c in _floats("--concurrencies", args.concurrencies)) if args.concurrencies else \
-        LoadConfig.concurrencies
-    cfg = LoadConfig(base_url=args.base_url, prompts=BENCH_PROMPTS[:args.prompts or len(BENCH_PROMPTS)],
-                     max_tokens=args.max_new_tokens or 64, rates=rates, concurrencies=clients,
-                     requests=args.load_requests, api_key=args.api_key)
-    doc = run_load(cfg, log=_say)
-    if not args.json:
-        print(format_load(doc))
-    print(json.dumps(doc))
-
-
 def cmd_bench(args):
     if args.load:
-        return cmd_load(args)
+        return load_main(args, BENCH_PROMPTS, log=_say)
     if not args.peer:
         return bench_main(args)
     threads = args.threads if args.threads is not None else env_threads()
@@ -381,59 +357,12 @@ def cmd_bench(args):
     print(json.dumps(doc))
 
 
-def _serve_k(text):
-    """--k for serve: an int in [0, MAX_K], or schedule / goodput as bench --serve has them."""
-    if text in ("schedule", "goodput"):
-        return text
-    try:
-        k = int(text)
-    except ValueError:
-        k = -1
-    if not 0 <= k <= MAX_K:
-        raise argparse.ArgumentTypeError(f"--k must be an int in [0, {MAX_K}], schedule or goodput, got {text!r}")
-    return k
-
-
-def check_serve_options(args):
-    """serve's option values, before anything loads."""
-    _in("--port", args.port, 0, 65535, "an int in [0, 65535] (0: any free port)")
-    _in("--max-batch", args.max_batch, 1, math.inf, "an int >= 1")
-    _in("--max-waiting", args.max_waiting, 0, math.inf, "an int >= 0")
-    _in("--max-seq-len", args.max_seq_len, 2 * (MAX_K + 2), math.inf, f"an int >= {2 * (MAX_K + 2)}")
-    if args.api_key is not None and not args.api_key.strip():
-        raise ValueError("--api-key must not be empty (leave it out to serve without a key)")
-    if args.k == 0 and args.draft:
-        raise ValueError("--k 0 is plain batched decoding: it takes no --draft")
-    check_sources(args)
-
-
-def _serve_policy(args, pair):
-    """The Server's k: the int, the schedule of bench --serve, or the goodput policy on step costs measured
-    here first (a few seconds)."""
-    cfg = ServeBenchConfig()
-    if args.k == "schedule":
-        return KSchedule(cfg.schedule)
-    if args.k != "goodput":
-        return args.k
-    _say(f"measuring step costs for the goodput policy at batch sizes {cfg.batch_sizes}, K {cfg.cost_ks} ...")
-    engine = BatchEngine(pair.target, pair.draft, num_blocks=max(cfg.batch_sizes) * 8, max_seq_len=1024)
-    costs = measure_step_costs(engine, cfg.batch_sizes, cfg.cost_ks, context=cfg.context, reps=cfg.cost_reps)
-    return GoodputPolicy(costs, k_max=cfg.k)
-
-
 def cmd_serve(args):
     """The Server behind an OpenAI-compatible HTTP API (service/), until SIGINT or SIGTERM."""
     pair = _pair(args)
     _check_max_seq_len(args, pair.target, *([pair.draft] if args.k != 0 else []))
-    k = _serve_policy(args, pair)
-    server = Server(pair.target, pair.draft if args.k != 0 else None, max_batch=args.max_batch,
-                    max_seq_len=args.max_seq_len, k=k if args.k != 0 else 0, keep_steps=False,
-                    tokenizer=pair.tokenizer)
     name = args.served_model_name or Path(str(args.target or ensure_default_target())).name
-    service = Service(server, name, max_waiting=args.max_waiting, api_key=args.api_key)
-    _say(f"serving {name} (k {args.k}, max batch {args.max_batch}) at http://{args.host}:{args.port}/v1; "
-         f"Ctrl-C stops it")
-    run_service(service, host=args.host, port=args.port)
+    serve_main(args, pair, name, ServeBenchConfig(), log=_say)
 
 
 def project_root() -> Path:
@@ -535,7 +464,8 @@ def add_bench_parser(sub, common):
                         "1, 2, 4, 8, 16 for plain batched decoding, fixed K, a per-batch-size schedule and the "
                         "goodput policy, and a Poisson open loop, with and without speculation")
     b.add_argument("--rounds", type=int, help="--serve: requests each closed-loop client sends (default 2)")
-    b.add_argument("--rates", help="--serve and --load: open-loop request rates per second, a comma list (default 0.5,1,2; "
+    b.add_argument("--rates", help="--serve, --load: open-loop request rates per second, a comma list "
+                   "(default 0.5,1,2; "
                    "empty: no open loop)")
     b.add_argument("--serve-equality", action="store_true",
                    help="only greedy answers through serve.Server (a batch of 8, arrivals midway) against batch-1 "
@@ -556,44 +486,8 @@ def add_bench_parser(sub, common):
                         "autoregressive and with the exported draft at K = 2, against this engine's autoregressive, "
                         "shipped draft, self-draft and 4-bit decode; --num-prompts (default 24), --max-new-tokens "
                         "(default 64), --threads (default 1)")
-    b.add_argument("--load", action="store_true",
-                   help="only an OpenAI-compatible server at --base-url under load (bench/load.py): Poisson "
-                        "arrivals at --rates (default 0.5,1,2) and a closed loop at --concurrencies; TTFT, TPOT, "
-                        "e2e p50/p99, tokens/s and, from its /metrics, tau; --max-new-tokens (default 64)")
-    b.add_argument("--base-url", help="--load: the server, e.g. http://127.0.0.1:8000 (no default: required with --load)")
-    b.add_argument("--concurrencies", help="--load: closed-loop clients, a comma list (default 1,2,4,8)")
-    b.add_argument("--load-requests", type=int, default=16, help="--load: requests per rate and per concurrency "
-                   "(default %(default)s)")
-    b.add_argument("--api-key", help="--load: sent as Authorization: Bearer KEY (default: none)")
+    add_load_arguments(b)
     b.add_argument("--json", action="store_true", help="print only the JSON document")
-
-
-def add_serve_parser(sub, common):
-    s = sub.add_parser("serve", parents=[common], help="an OpenAI-compatible HTTP server (completions, chat, "
-                       "/v1/models, /health, /metrics) over the batched speculative server",
-                       description="Serve the pair over HTTP with OpenAI's API (docs/design.md, \"The service\"): "
-                                   "POST /v1/completions and /v1/chat/completions (stream: true as server-sent "
-                                   "events), GET /v1/models, /health and /metrics (vLLM's metric names). "
-                                   "SIGINT/SIGTERM stop admitting, let what runs finish (30 s), then exit.")
-    s.add_argument("--port", type=int, default=8000, help="TCP port (default %(default)s)")
-    s.add_argument("--host", default="127.0.0.1", help="interface to bind (default %(default)s, loopback only; "
-                   "0.0.0.0 exposes it to the network)")
-    s.add_argument("--target", help="hub id, folder or .gguf (default: SmolLM2-135M-Instruct)")
-    s.add_argument("--draft", help="hub id or folder of the draft (default: the shipped draft)")
-    s.add_argument("--k", type=_serve_k, default=4, help="draft length: an int in [0, 16] (0: plain batched "
-                   "decoding), schedule (K by batch size, as bench --serve) or goodput (K per step from step "
-                   "costs measured at start; default %(default)s)")
-    s.add_argument("--max-batch", type=int, default=8, help="requests decoded together (default %(default)s)")
-    s.add_argument("--max-waiting", type=int, default=64, help="requests queued beyond the batch; more are "
-                   "answered 429 (default %(default)s)")
-    s.add_argument("--max-seq-len", type=int, default=2048, help="prompt + answer + a step's lookahead per request, "
-                   "up to the models' own limit (default %(default)s)")
-    s.add_argument("--api-key", help="require Authorization: Bearer KEY on /v1 (default: no key)")
-    s.add_argument("--served-model-name", help="the model's name in requests and /v1/models (default: the "
-                   "target's folder name)")
-    s.add_argument("--device", default="cpu", help="where the models run (default %(default)s)")
-    s.add_argument("--dtype", choices=["float32", "bfloat16", "float16"],
-                   help="default float32 on the CPU, bfloat16 on CUDA")
 
 
 def add_generate_parser(sub, common):
@@ -780,7 +674,8 @@ def main(argv=None):
         elif args.cmd == "bench":
             check_sources(args)
         elif args.cmd == "serve":
-            check_serve_options(args)
+            check_serve_args(args)
+            check_sources(args)
         COMMANDS[args.cmd](args)
     except (ValueError, OSError) as e:  # LoadError is a ValueError; a missing file an OSError
         if args.debug:

@@ -156,7 +156,8 @@ def test_a_client_that_disconnects_mid_stream_cancels_its_request_and_frees_its_
         m = running.metrics()
         assert m[("vllm:request_success_total", (("finished_reason", "abort"),))] == 1
         assert m[("vllm:kv_cache_usage_perc", ())] == 0.0
-        assert running.service.server.engine.target_kv.used_blocks == 0 == running.service.server.engine.draft_kv.used_blocks
+        engine = running.service.server.engine
+        assert engine.target_kv.used_blocks == 0 == engine.draft_kv.used_blocks
         assert m[("vllm:generation_tokens_total", ())] < 200, "it was cancelled, not run to its end"
         with pytest.raises(httpx.ReadTimeout):  # a non-streamed request whose client gives up
             httpx.post(running.url + "/v1/completions", json=body | {"stream": False}, timeout=0.5)

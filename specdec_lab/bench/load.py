@@ -238,3 +238,41 @@ def _pair(q, scale=1.0) -> str:
     if q["p50"] is None:
         return "-"
     return f"{q['p50'] * scale:.3g}/{q['p99'] * scale:.3g}"
+
+
+# -- the command line: bench --load ----------------------------------------------------
+
+def add_load_arguments(b):
+    """bench --load's options, on bench's parser (--rates, --max-new-tokens, --num-prompts and --json are bench's)."""
+    b.add_argument("--load", action="store_true",
+                   help="only an OpenAI-compatible server at --base-url under load (bench/load.py): Poisson "
+                        "arrivals at --rates (default 0.5,1,2) and a closed loop at --concurrencies; TTFT, TPOT, "
+                        "e2e p50/p99, tokens/s and, from its /metrics, tau; --max-new-tokens (default 64)")
+    b.add_argument("--base-url", help="--load: the server, e.g. http://127.0.0.1:8000 (no default: required)")
+    b.add_argument("--concurrencies", help="--load: closed-loop clients, a comma list (default 1,2,4,8)")
+    b.add_argument("--load-requests", type=int, default=16, help="--load: requests per rate and per concurrency "
+                   "(default %(default)s)")
+    b.add_argument("--api-key", help="--load: sent as Authorization: Bearer KEY (default: none)")
+
+
+def load_main(args, prompts, log):
+    """bench --load from bench's parsed options: the table (unless --json), then one JSON line."""
+    if not args.base_url:
+        raise ValueError("bench --load needs --base-url, the server's address (e.g. http://127.0.0.1:8000)")
+    rates = _floats("--rates", args.rates) if args.rates is not None else LoadConfig.rates
+    clients = (tuple(int(c) for c in _floats("--concurrencies", args.concurrencies)) if args.concurrencies
+               else LoadConfig.concurrencies)
+    cfg = LoadConfig(base_url=args.base_url, prompts=list(prompts[:args.prompts or len(prompts)]),
+                     max_tokens=args.max_new_tokens or 64, rates=rates, concurrencies=clients,
+                     requests=args.load_requests, api_key=args.api_key)
+    doc = run_load(cfg, log=log)
+    if not args.json:
+        print(format_load(doc))
+    print(json.dumps(doc))
+
+
+def _floats(name, text) -> tuple:
+    try:
+        return tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise ValueError(f"{name} must be a comma list of numbers, got {text!r}") from None

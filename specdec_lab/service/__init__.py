@@ -8,4 +8,5 @@ from .app import Service, build_app, http_server, run
 from .loop import Busy, Closed, EngineLoop
 from .protocol import ApiError, GenRequest, parse_request
 
-__all__ = ["Service", "build_app", "http_server", "run", "Busy", "Closed", "EngineLoop", "ApiError", "GenRequest", "parse_request"]
+__all__ = ["Service", "build_app", "http_server", "run", "Busy", "Closed", "EngineLoop", "ApiError", "GenRequest",
+           "parse_request"]

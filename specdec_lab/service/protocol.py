@@ -128,8 +128,8 @@ def _chat_ids(messages, tokenizer) -> list:
 
 def _message(i, m) -> dict:
     where = f"messages[{i}]"
-    if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant") or set(m) - {"role", "content",
-                                                                                                   "name"}:
+    roles, keys = ("system", "user", "assistant"), {"role", "content", "name"}
+    if not isinstance(m, dict) or m.get("role") not in roles or set(m) - keys:
         raise bad(where, f"{where} must be {{role: system|user|assistant, content}}, got {_short(m)}")
     content = m.get("content")
     if isinstance(content, list):  # the parts form: [{"type": "text", "text": ...}, ...]
@@ -147,8 +147,9 @@ def _check_ids(ids, vocab_size, param, max_seq_len):
         raise bad(param, f"{param}: token ids must be in [0, {vocab_size}), got min {min(ids)}, max {max(ids)}")
     most = max_seq_len - LOOKAHEAD - 1
     if len(ids) > most:
-        raise bad(param, f"{param}: the prompt is {len(ids)} tokens; this server holds {max_seq_len} positions, so at most "
-                         f"{most} prompt tokens (one new token and a step's lookahead of {LOOKAHEAD} must fit)",
+        raise bad(param, f"{param}: the prompt is {len(ids)} tokens; this server holds {max_seq_len} positions, "
+                         f"so at most {most} prompt tokens (one new token and a step's lookahead of {LOOKAHEAD} "
+                         f"must fit)",
                   code="context_length_exceeded")
 
 
