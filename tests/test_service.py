@@ -263,6 +263,45 @@ class PoisonRunner:
     hidden = logits
 
 
+class OnceRunner:
+    """Declines every forward and raises once, on the n-th: a step that fails and changes nothing."""
+    name = "faulty-once"
+
+    def __init__(self, n):
+        self.n = n
+
+    def logits(self, tokens, input_pos=None, *args):
+        self.n -= 1
+        if self.n == 0:
+            raise torch.OutOfMemoryError("injected: out of memory, once")
+
+    hidden = logits
+
+
+def test_a_step_that_fails_once_is_run_again_and_every_answer_is_unchanged():
+    target = sl.tiny_model(0)
+    target.runner = OnceRunner(12)  # a forward of a batched step, after the prefills
+    running = Running(_service(target))
+    try:
+        client = openai.AsyncOpenAI(base_url=running.url + "/v1", api_key="none", max_retries=0)
+
+        async def one(prompt, n):
+            r = await client.completions.create(model="tiny", prompt=prompt, max_tokens=n, temperature=0)
+            return r.choices[0].token_ids
+
+        async def everyone():
+            try:
+                return await asyncio.gather(*(one(p, n) for p, n in zip(PROMPTS, BUDGETS)))
+            finally:
+                await client.close()
+
+        got = asyncio.run(everyone())
+        assert got == [_greedy(p, n) for p, n in zip(PROMPTS, BUDGETS)]
+        assert running.service.engine.step_errors == 1
+    finally:
+        running.stop()
+
+
 def test_a_failed_request_answers_500_and_harms_no_other():
     target = sl.tiny_model(0)
     target.runner = PoisonRunner()
