@@ -143,8 +143,7 @@ async def _generate(service, request, chat):
     handle = await _submit(service, req, reply)
     answer = _Answer(service, req, handle, reply)
     if req.stream:
-        return StreamingResponse(_sse(service, req, answer), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache"})
+        return _Stream(_sse(service, req, answer), answer)
     return await _whole(service, request, req, answer)
 
 
@@ -159,6 +158,21 @@ async def _submit(service, req, reply):
         raise ApiError(503, str(err), code="shutting_down", kind="server_error") from None
     except ValueError as err:  # the Server's own checks (the engine's limits)
         raise bad(None, str(err)) from None
+
+
+class _Stream(StreamingResponse):
+    """Server-sent events whose request is cancelled however the response ends: a reader gone before the
+    first chunk included (then the events' generator never started, and its own finally never runs)."""
+
+    def __init__(self, events, answer):
+        super().__init__(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        self.answer = answer
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.answer.cancel()
 
 
 class _Reply:
