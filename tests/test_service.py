@@ -199,6 +199,16 @@ def test_a_bad_request_is_answered_400_naming_the_field_and_queues_nothing(tiny,
     assert tiny.service.server._next_id == before, "nothing may be queued"
 
 
+def test_neutral_values_of_unsupported_fields_are_accepted_as_load_generators_send_them(tiny):
+    body = {"model": "tiny", "prompt": [1, 2, 3], "max_tokens": 5, "temperature": 0, "logprobs": None,
+            "ignore_eos": False, "presence_penalty": 0, "frequency_penalty": 0.0, "n": 1, "best_of": None,
+            "stop": [], "user": "bench", "top_k": -1, "stream": True, "stream_options": {"include_usage": True}}
+    r = httpx.post(tiny.url + "/v1/completions", json=body)
+    assert r.status_code == 200 and r.text.endswith("data: [DONE]\n\n")
+    usage = json.loads(r.text.split("\n\n")[-3].removeprefix("data: "))["usage"]
+    assert usage == {"prompt_tokens": 3, "completion_tokens": 5, "total_tokens": 8}
+
+
 def test_the_sdk_sees_openai_errors_and_malformed_bodies_get_400_or_413(tiny):
     with pytest.raises(openai.BadRequestError) as e:
         tiny.client().completions.create(model="tiny", prompt=[1, 2], max_tokens=4, temperature=3.0)
