@@ -1,4 +1,5 @@
-"""Command line: python -m specdec_lab {fetch, generate, acceptance, prompts, distill, distill-features, bench, export}.
+"""Command line: python -m specdec_lab {fetch, generate, acceptance, prompts, distill, distill-features, bench, export,
+serve}.
 
 Bad input ends in one line, `error: ...`, and exit status 2 (--debug shows the traceback); option
 values are checked before any model loads."""
@@ -14,15 +15,18 @@ import torch
 
 from .api import (SpeculativeEngine, autoregressive_generate, check_dtype, compiled_twin, load_default_pair,
                   load_eagle3_draft, load_feature_draft, load_pair)
+from .bench.load import load_main
 from .bench.main import bench_main, env_threads
 from .cli import build_parser
 from .bench.peer import PEER_QUICK, PeerConfig, format_peer, llama_server_path, run_peer_bench
+from .bench.serve import ServeBenchConfig
 from .core.config import MAX_K, cache_dir
 from .cpu import SelfDraft, best_weights
 from .drafters.eagle3 import is_eagle3_folder, shipped_eagle3_draft_dir
 from .io.assets import ensure_default_target, ensure_gguf
 from .io.export import export_eagle3_vllm, export_gguf_draft, export_hf_draft
 from .io.pair import check_device_available, check_loadable, default_draft_dir, load_model_cached
+from .service.cli import check_serve_args, serve_main
 from .train.acceptance import acceptance_report, agreement_table, greedy_agreement
 from .train.distill import distill_main
 from .train.eagle3 import eagle3_main
@@ -320,6 +324,8 @@ def cmd_prompts(args):
 
 
 def cmd_bench(args):
+    if args.load:
+        return load_main(args, BENCH_PROMPTS, log=_say)
     if not args.peer:
         return bench_main(args)
     threads = args.threads if args.threads is not None else env_threads()
@@ -331,6 +337,14 @@ def cmd_bench(args):
     if not args.json:
         print(format_peer(doc))
     print(json.dumps(doc))
+
+
+def cmd_serve(args):
+    """The Server behind an OpenAI-compatible HTTP API (service/), until SIGINT or SIGTERM."""
+    pair = _pair(args)
+    _check_max_seq_len(args, pair.target, *([pair.draft] if args.k != 0 else []))
+    name = args.served_model_name or Path(str(args.target or ensure_default_target())).name
+    serve_main(args, pair, name, ServeBenchConfig(), log=_say)
 
 
 def project_root() -> Path:
@@ -383,7 +397,7 @@ def cmd_export(args):
 
 COMMANDS = {"fetch": cmd_fetch, "generate": cmd_generate, "distill": cmd_distill,
             "distill-features": cmd_distill_features, "acceptance": cmd_acceptance, "prompts": cmd_prompts,
-            "bench": cmd_bench, "export": cmd_export}
+            "bench": cmd_bench, "export": cmd_export, "serve": cmd_serve}
 
 
 def main(argv=None):
@@ -392,6 +406,9 @@ def main(argv=None):
         if args.cmd == "generate":
             check_generate_options(args)
         elif args.cmd == "bench":
+            check_sources(args)
+        elif args.cmd == "serve":
+            check_serve_args(args)
             check_sources(args)
         COMMANDS[args.cmd](args)
     except (ValueError, OSError) as e:  # LoadError is a ValueError; a missing file an OSError

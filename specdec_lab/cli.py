@@ -2,6 +2,9 @@
 `python -m specdec_lab` (__main__.py) runs what they parse."""
 import argparse
 
+from .bench.load import add_load_arguments
+from .service.cli import add_serve_parser
+
 
 def _sets(text):
     names = [s.strip() for s in text.split(",") if s.strip()]
@@ -71,7 +74,8 @@ def add_bench_parser(sub, common):
                         "1, 2, 4, 8, 16 for plain batched decoding, fixed K, a per-batch-size schedule and the "
                         "goodput policy, and a Poisson open loop, with and without speculation")
     b.add_argument("--rounds", type=int, help="--serve: requests each closed-loop client sends (default 2)")
-    b.add_argument("--rates", help="--serve: open-loop request rates per second, a comma list (default 0.5,1,2; "
+    b.add_argument("--rates", help="--serve, --load: open-loop request rates per second, a comma list "
+                   "(default 0.5,1,2; "
                    "empty: no open loop)")
     b.add_argument("--serve-equality", action="store_true",
                    help="only greedy answers through serve.Server (a batch of 8, arrivals midway) against batch-1 "
@@ -92,6 +96,7 @@ def add_bench_parser(sub, common):
                         "autoregressive and with the exported draft at K = 2, against this engine's autoregressive, "
                         "shipped draft, self-draft and 4-bit decode; --num-prompts (default 24), --max-new-tokens "
                         "(default 64), --threads (default 1)")
+    add_load_arguments(b)
     b.add_argument("--json", action="store_true", help="print only the JSON document")
 
 
@@ -251,6 +256,7 @@ def build_parser(description=None):
     add_acceptance_parser(sub, common)
     add_prompts_parser(sub, common)
     add_bench_parser(sub, common)
+    add_serve_parser(sub, common)
     e = sub.add_parser("export", parents=[common], help="write the shipped drafts for llama.cpp (GGUF) and vLLM "
                        "(a draft model folder; the EAGLE-3-style draft in vLLM's EAGLE-3 layout), with the commands "
                        "that serve them",

@@ -1,0 +1,272 @@
+"""The ASGI app: OpenAI's completions and chat completions over a Server, with /v1/models, /health, /metrics.
+
+    service = Service(Server(target, draft, max_batch=8), model_name="SmolLM2-135M-Instruct")
+    run(service, host="127.0.0.1", port=8000)             # uvicorn; SIGINT/SIGTERM end it gracefully
+
+Handlers only check, submit, await and stream: the model belongs to the engine thread (loop.py). Each
+request gets an asyncio queue that the engine thread fills with loop.call_soon_threadsafe; a client that
+goes away cancels its request, whose blocks return to the pool between two steps.
+"""
+import asyncio
+import contextlib
+import functools
+import hmac
+import json
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from .detok import Detokenizer
+from .loop import Busy, Closed, EngineLoop
+from .metrics import CONTENT_TYPE_LATEST, ServiceMetrics
+from .protocol import ApiError, bad, chunk_body, completion_body, parse_request, usage_chunk
+
+BODY_LIMIT = 1 << 20  # bytes: a prompt the server can hold is far smaller
+
+
+class Service:
+    """What the handlers share: the engine thread, the metrics, the model's name and limits."""
+
+    def __init__(self, server, model_name, max_waiting=64, api_key=None, body_limit=BODY_LIMIT):
+        if api_key is not None and (not isinstance(api_key, str) or not api_key):
+            raise ValueError(f"api_key must be a non-empty string or None, got {api_key!r}")
+        self.server, self.model_name, self.api_key, self.body_limit = server, model_name, api_key, body_limit
+        self.metrics = ServiceMetrics(server, model_name)
+        self.engine = EngineLoop(server, max_waiting, self.metrics)
+        self.tokenizer = server.tokenizer
+        self.vocab_size = server.engine.target.cfg.vocab_size
+        self.max_seq_len = server.engine.max_seq_len
+
+
+def build_app(service) -> Starlette:
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        service.engine.start()
+        yield
+        await asyncio.to_thread(service.engine.stop)
+
+    routes = [Route("/v1/completions", _api(service, lambda r: _generate(service, r, chat=False)), methods=["POST"]),
+              Route("/v1/chat/completions", _api(service, lambda r: _generate(service, r, chat=True)),
+                    methods=["POST"]),
+              Route("/v1/models", _api(service, lambda r: _models(service)), methods=["GET"]),
+              Route("/health", functools.partial(_health, service), methods=["GET"]),
+              Route("/metrics", functools.partial(_metrics, service), methods=["GET"])]
+    return Starlette(routes=routes, lifespan=lifespan)
+
+
+class _Uvicorn(uvicorn.Server):
+    """uvicorn's server, which on SIGINT/SIGTERM also stops the engine admitting (503) before it waits
+    for the requests in flight; what is still running after the grace period is cancelled."""
+
+    def __init__(self, config, service):
+        super().__init__(config)
+        self.service = service
+
+    def handle_exit(self, sig, frame):
+        self.service.engine.close()
+        super().handle_exit(sig, frame)
+
+
+def http_server(service, host="127.0.0.1", port=8000, grace_seconds=30.0, log_level="info") -> uvicorn.Server:
+    """The uvicorn server of `service`, not started: `.run()` (or `.run(sockets=[...])`) serves until
+    SIGINT/SIGTERM or `should_exit`."""
+    config = uvicorn.Config(build_app(service), host=host, port=port, log_level=log_level,
+                            timeout_graceful_shutdown=grace_seconds)
+    return _Uvicorn(config, service)
+
+
+def run(service, host="127.0.0.1", port=8000, grace_seconds=30.0, log_level="info"):
+    """Serve until SIGINT or SIGTERM, then shut down gracefully."""
+    try:
+        http_server(service, host, port, grace_seconds, log_level).run()
+    except KeyboardInterrupt:  # uvicorn raises the SIGINT it handled again once its shutdown is done
+        pass
+
+
+# -- handlers --------------------------------------------------------------------------
+
+def _api(service, fn):
+    """An /v1 handler: the API key first (nothing runs without it), ApiError answered in OpenAI's shape."""
+    async def handler(request):
+        try:
+            _authorize(service, request)
+            return await fn(request)
+        except ApiError as err:
+            return JSONResponse(err.body(), status_code=err.status)
+    return handler
+
+
+def _authorize(service, request):
+    if service.api_key is None:
+        return
+    given = request.headers.get("authorization", "")
+    if not hmac.compare_digest(given.encode(), f"Bearer {service.api_key}".encode()):
+        raise ApiError(401, "a valid API key is required: Authorization: Bearer KEY", code="invalid_api_key")
+
+
+async def _models(service):
+    return JSONResponse({"object": "list", "data": [{"id": service.model_name, "object": "model", "created": 0,
+                                                     "owned_by": "specdec_lab",
+                                                     "max_model_len": service.max_seq_len}]})
+
+
+async def _health(service, request):
+    ok = service.engine.accepting
+    return JSONResponse({"status": "ok" if ok else "shutting down"}, status_code=200 if ok else 503)
+
+
+async def _metrics(service, request):
+    return Response(service.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
+
+
+async def _read_json(request, limit):
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > limit:
+        raise ApiError(413, f"the body is {length} bytes; this server takes at most {limit}", code="body_too_large")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise ApiError(413, f"the body is over {limit} bytes, the most this server takes", code="body_too_large")
+    try:
+        return json.loads(body)
+    except (ValueError, UnicodeDecodeError) as err:
+        raise bad(None, f"the body is not valid JSON: {err}", code="invalid_json") from None
+
+
+async def _generate(service, request, chat):
+    body = await _read_json(request, service.body_limit)
+    req = parse_request(body, chat, service.tokenizer, service.vocab_size, service.max_seq_len, service.model_name)
+    reply = _Reply(asyncio.get_running_loop())
+    handle = await _submit(service, req, reply)
+    answer = _Answer(service, req, handle, reply)
+    if req.stream:
+        return _Stream(_sse(service, req, answer), answer)
+    return await _whole(service, request, req, answer)
+
+
+async def _submit(service, req, reply):
+    future = service.engine.submit(req.ids, reply.on_tokens, reply.on_done, max_new_tokens=req.max_tokens,
+                                   **req.sampling)
+    try:
+        return await asyncio.wrap_future(future)
+    except Busy as err:
+        raise ApiError(429, str(err), code="too_many_requests", kind="rate_limit_error") from None
+    except Closed as err:
+        raise ApiError(503, str(err), code="shutting_down", kind="server_error") from None
+    except ValueError as err:  # the Server's own checks (the engine's limits)
+        raise bad(None, str(err)) from None
+
+
+class _Stream(StreamingResponse):
+    """Server-sent events whose request is cancelled however the response ends: a reader gone before the
+    first chunk included (then the events' generator never started, and its own finally never runs)."""
+
+    def __init__(self, events, answer):
+        super().__init__(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        self.answer = answer
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.answer.cancel()
+
+
+class _Reply:
+    """The engine thread's side of one request: new tokens and the end, into this event loop's queue."""
+
+    def __init__(self, loop):
+        self.loop, self.queue = loop, asyncio.Queue()
+
+    def on_tokens(self, new):
+        self.loop.call_soon_threadsafe(self.queue.put_nowait, new)
+
+    def on_done(self, handle):
+        self.loop.call_soon_threadsafe(self.queue.put_nowait, None)
+
+
+class _Answer:
+    """One request's answer as it arrives: (text, ids) deltas cut at a stop string, then how it ended."""
+
+    def __init__(self, service, req, handle, reply):
+        self.service, self.handle, self.reply = service, handle, reply
+        self.detok = Detokenizer(service.tokenizer, req.stop)
+        self.ids, self.reason = [], None
+
+    async def deltas(self):
+        while (new := await self.reply.queue.get()) is not None:
+            text = self.detok.add(new)
+            self.ids += new
+            yield text, new
+            if self.detok.stopped:  # the answer is complete; the request's blocks can go
+                self.service.engine.cancel(self.handle, reason="stop")
+                self.reason = "stop"
+                return
+        self.reason = _ended(self.handle)
+        tail = self.detok.flush()
+        if tail:
+            yield tail, []
+
+    def cancel(self):
+        if not self.handle.done:
+            self.service.engine.cancel(self.handle)
+
+
+def _ended(handle) -> str:
+    if handle.status == "finished":
+        return handle.finish_reason
+    if handle.status == "failed":
+        raise ApiError(500, f"the request failed: {handle.error!r}", code="request_failed", kind="server_error")
+    raise ApiError(503, "the request was cancelled: the server is shutting down", code="shutting_down",
+                   kind="server_error")
+
+
+async def _whole(service, request, req, answer):
+    """The non-streamed reply; a client that goes away first cancels the request."""
+    async def collect():
+        async for _ in answer.deltas():
+            pass
+
+    work, gone = asyncio.ensure_future(collect()), asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+    if not work.done():
+        work.cancel()
+        answer.cancel()
+        return Response(status_code=499)  # nobody reads it
+    work.result()  # an ApiError of a failed request
+    return JSONResponse(completion_body(req, service.model_name, answer.detok.text, answer.ids, answer.reason))
+
+
+async def _disconnected(request):
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _sse(service, req, answer):
+    """Server-sent events in OpenAI's chunk shape, ending with data: [DONE]; an error mid-way is one
+    error event. The reader going away (this generator cancelled or closed) cancels the request."""
+    model = service.model_name
+    try:
+        if req.chat:
+            yield _event(chunk_body(req, model, role=True))
+        async for text, ids in answer.deltas():
+            if text or req.return_token_ids:
+                yield _event(chunk_body(req, model, text, ids))
+        yield _event(chunk_body(req, model, reason=answer.reason))
+        if req.include_usage:
+            yield _event(usage_chunk(req, model, len(answer.ids)))
+    except ApiError as err:
+        yield _event(err.body())
+    finally:
+        answer.cancel()
+    yield "data: [DONE]\n\n"
+
+
+def _event(doc) -> str:
+    return f"data: {json.dumps(doc)}\n\n"
