@@ -8,9 +8,11 @@ LAB_SETTINGS := $(VENV)/share/jupyter/lab/settings/overrides.json
 # nbconvert's configuration for this environment: re-executed chapters store no widget state.
 NBCONVERT_CONFIG := $(VENV)/etc/jupyter/jupyter_nbconvert_config.json
 
-.PHONY: setup model peer lab test demo bench clean
+.PHONY: setup model peer peers lab test demo bench clean
 
-setup: $(STAMP) model peer $(LAB_SETTINGS) $(NBCONVERT_CONFIG)
+# What the lab needs. The peers (llama-server) are not part of it: `make lab` opens on the default
+# pair without waiting for them; `make test` and `make peers` build them.
+setup: $(STAMP) model $(LAB_SETTINGS) $(NBCONVERT_CONFIG)
 
 # torch is installed first and pinned, so pip takes the CPU build and never a CUDA one.
 $(STAMP): pyproject.toml
@@ -34,6 +36,8 @@ model: $(STAMP)
 peer: $(STAMP)
 	bash scripts/build_llama_cpp.sh $(PY)
 
+peers: peer
+
 lab: setup
 	$(VENV)/bin/jupyter lab notebooks/
 
@@ -43,7 +47,7 @@ lab: setup
 # go out in tests/conftest.py's order, the longest first (--no-loadscope-reorder keeps it). One torch
 # thread per process: two workers fill the 2 cores (the browser test adds JupyterLab, a kernel and
 # Chromium), and oversubscribed OpenMP threads slow torch down many times over.
-test: setup
+test: setup peer
 	$(VENV)/bin/lint-imports
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder tests notebooks --nbval \
 		--sanitize-with notebooks/sanitize.cfg

@@ -19,6 +19,7 @@ Three layouts, each written from the files the lab ships (no model is built here
 hold the export to them.
 """
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -86,7 +87,7 @@ def export_gguf_draft(draft_dir, target_gguf, out_path, dtype="f32") -> Path:
 
     out_path = Path(out_path).expanduser()
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_path.with_name(out_path.name + ".partial")
+    tmp = out_path.with_name(f"{out_path.name}.{os.getpid()}.partial")  # two processes never share one
     w = gguf.GGUFWriter(str(tmp), "llama")
     w.add_name("specdec_lab draft for SmolLM2-135M-Instruct")
     w.add_file_type(file_type)
