@@ -29,8 +29,22 @@ from .io.assets import ensure_default_target
 from .io.pair import (ModelPair, _CACHE, check_device, check_source, default_draft_dir, load_model_cached,
                       vocab_subset)
 from .paged import PagedSequenceCache
+from .verification import verify_block, verify_block_reference, verify_match, verify_match_reference
 
 CACHES = ("contiguous", "paged")
+# verifier= names: core's token rule ("device", and its loop "reference"), and verification/'s rules
+VERIFIERS = {"device": "device", "reference": "reference", "block": verify_block,
+             "block-reference": verify_block_reference, "match": verify_match, "match-reference": verify_match_reference}
+
+
+def verifier_rule(verifier):
+    """A verifier= name as Engine takes it (a name of its own, or a function like core.verify.verify)."""
+    if callable(verifier):
+        return verifier
+    if not isinstance(verifier, str) or verifier not in VERIFIERS:
+        raise ValueError(f"verifier must be one of {', '.join(map(repr, VERIFIERS))} or a function like "
+                         f"core.verify.verify, got {verifier!r}")
+    return VERIFIERS[verifier]
 
 
 def cache_factory(kind, block_size=16):
@@ -87,11 +101,15 @@ class SpeculativeEngine(Engine):
 
     engine = SpeculativeEngine(target, draft, k=4); engine.generate(prompt, ...)
     `draft`: see make_drafter. `cache="paged"` keeps the target's and the draft's keys and values
-    in blocks of `block_size` (paged/). The loop itself is core/engine.py's Engine.
+    in blocks of `block_size` (paged/). The loop itself is core/engine.py's Engine. `verifier`:
+    "device" (token by token, arXiv 2211.17192), "block" (arXiv 2403.10444) or "match" (exact
+    match), each with its readable loop as "reference", "block-reference", "match-reference"
+    (verification/), or a function with core.verify.verify's signature.
     """
 
     def __init__(self, target, draft, k=4, max_seq_len=2048, cache="contiguous", block_size=16,
                  verifier="device", tokenizer=None):
+        verifier = verifier_rule(verifier)
         if isinstance(max_seq_len, bool) or not isinstance(max_seq_len, int) or max_seq_len < 2:
             raise ValueError(f"max_seq_len must be an int >= 2, got {max_seq_len!r}")
         if not (callable(target) and all(hasattr(target, a) for a in ("cfg", "device", "dtype", "new_cache"))):
