@@ -23,7 +23,8 @@ from .bench.serve import ServeBenchConfig
 from .core.config import MAX_K, cache_dir
 from .cpu import SelfDraft, best_weights
 from .drafters.eagle3 import is_eagle3_folder, shipped_eagle3_draft_dir
-from .io.assets import ensure_default_target, ensure_gguf
+from .core.sampling import MIN_TEMPERATURE
+from .io.assets import cached_default_target, ensure_default_target, ensure_gguf
 from .io.export import export_eagle3_vllm, export_gguf_draft, export_hf_draft
 from .io.pair import check_device_available, check_loadable, default_draft_dir, load_model_cached
 from .service.cli import check_serve_args, serve_main
@@ -92,8 +93,9 @@ def check_generate_options(args):
         raise ValueError("--prompt must not be empty")
     _in("--k", args.k, 0, MAX_K, f"an int in [0, {MAX_K}] (0: plain autoregressive decoding)")
     _in("--max-new-tokens", args.max_new_tokens, 1, math.inf, "an int >= 1")
-    if not (math.isfinite(args.temperature) and args.temperature >= 0):
-        raise ValueError(f"--temperature must be a finite number >= 0 (0: greedy), got {args.temperature}")
+    if not (math.isfinite(args.temperature) and (args.temperature == 0 or args.temperature >= MIN_TEMPERATURE)):
+        raise ValueError(f"--temperature must be 0 (greedy) or a finite number >= {MIN_TEMPERATURE}, "
+                         f"got {args.temperature}")
     if not 0 < args.top_p <= 1:
         raise ValueError(f"--top-p must be in (0, 1], got {args.top_p}")
     _in("--reps", args.reps, 1, math.inf, "an int >= 1")
@@ -105,6 +107,30 @@ def check_generate_options(args):
     if args.k == 0 and (args.self_draft or args.draft):
         raise ValueError("--k 0 is plain autoregressive decoding: it takes no --draft or --self-draft")
     check_sources(args)
+    _check_declared_positions(args)
+
+
+def _declared_positions(source):
+    """max_position_embeddings of a local model folder's config.json, read without loading it; None
+    where there is no such folder (a hub id, a .gguf file: the check after loading covers those)."""
+    config = Path(str(source)).expanduser() / "config.json" if source else None
+    try:
+        return int(json.loads(config.read_text())["max_position_embeddings"])
+    except (AttributeError, OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _check_declared_positions(args):
+    """--max-seq-len against the positions the folders declare, in the time it takes to read them:
+    a long prompt is refused before the models load, not after."""
+    models = {"the target": args.target or cached_default_target()}
+    if args.k > 0 and not args.self_draft:
+        models["the draft"] = args.draft or default_draft_dir()
+    for what, source in models.items():
+        n = _declared_positions(source)
+        if n is not None and args.max_seq_len > n:
+            raise ValueError(f"--max-seq-len {args.max_seq_len} is more than {what} holds ({n} positions, its "
+                             f"max_position_embeddings); use at most {n}")
 
 
 def check_sources(args):
