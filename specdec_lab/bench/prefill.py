@@ -29,7 +29,6 @@ project's bench convention) and stored as docs/prefill.json unless --out says ot
 import argparse
 import copy
 import itertools
-import json
 import os
 import statistics
 import sys
@@ -44,6 +43,7 @@ from ..analysis.timing import Clock
 from ..api import SpeculativeEngine, autoregressive_generate
 from ..cpu.accelerate import unaccelerate
 from ..cpu.prefill import PREFILL_CHUNK
+from .report import emit
 
 LENGTHS = (128, 512, 1786, 2048)  # 1,786: the prompt of the report that asked for this measurement
 SYSTEMS = {"engine": "lab engine (target + draft prefill)", "target": "lab target alone",
@@ -225,12 +225,7 @@ def main(argv=None, out=print, load=load_default) -> dict:
     target, draft, reference = load(args.threads)
     doc = measure_prefill(target, draft, reference, lengths, args.reps,
                           log=lambda s: print(s, file=sys.stderr, flush=True))
-    if args.out:
-        Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
-    if not args.json:
-        out(format_table(doc))
-    out(json.dumps(doc))
-    return doc
+    return emit(doc, format_table(doc), out, args.out, args.json)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,8 @@
 """The benchmark's tables: what `python -m specdec_lab bench` prints before its JSON line, and
 the prediction taken apart against the measurement (prediction_rows), as chapter 10 reads it."""
+import json
+from pathlib import Path
+
 from ..analysis.roofline import expected_tokens_per_step
 
 
@@ -182,3 +185,14 @@ def _prompt_count(doc) -> str:
     """'24 bench' for a run's prompts; documents stored before the prompt sets say only the count."""
     p = doc.get("prompts")
     return f"{p['count']} {p['set']}" if p else f"{doc['config']['num_prompts']}"
+
+
+def emit(doc, table, out=print, path="", json_only=False):
+    """A bench module's ending: store the document at `path` (if any), print the table (unless
+    json_only), then the document as the last line."""
+    if path:
+        Path(path).write_text(json.dumps(doc, indent=1) + "\n")
+    if not json_only:
+        out(table)
+    out(json.dumps(doc))
+    return doc

@@ -12,16 +12,15 @@ of accepted drafts per step with 95% bootstrap intervals over the prompts. Print
 one JSON document as its last line; `--out` stores it.
 """
 import argparse
-import json
 import random
 import sys
 import time
-from pathlib import Path
 
 import torch
 
 from ..api import SpeculativeEngine, load_default_pair
 from ..train.handwritten import HANDWRITTEN_PROMPTS
+from .report import emit
 
 RULES = {"token": "device", "block": "block", "match": "match"}  # name -> SpeculativeEngine's verifier
 
@@ -119,12 +118,7 @@ def main(argv=None, out=print, load=None) -> dict:
     target, draft = load() if load else (lambda pair: (pair.target, pair.draft))(load_default_pair())
     doc = measure_rules(target, draft, HANDWRITTEN_PROMPTS[:args.num_prompts], temperatures, ks, args.max_new_tokens,
                         log=lambda s: print(s, file=sys.stderr, flush=True))
-    if args.out:
-        Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
-    if not args.json:
-        out(format_table(doc))
-    out(json.dumps(doc))
-    return doc
+    return emit(doc, format_table(doc), out, args.out, args.json)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ first mismatch), so it is handed to core/verify.py's twins.
 import torch
 
 from ..core.verify import draw, one_hot, verify, verify_reference
+from .host import host_reader
 
 
 def _ratios(draft_ids, p, q):
@@ -76,10 +77,7 @@ def verify_block_reference(draft_ids, p, q, u, e, greedy=False, syncs=None) -> t
     if greedy:
         return verify_reference(draft_ids, p, q, u, e, greedy=True, syncs=syncs)
 
-    def host(x, kind=float):
-        if syncs is not None:
-            syncs["count"] = syncs.get("count", 0) + 1
-        return kind(x)  # sync: one host read
+    host = host_reader(syncs)
 
     K = draft_ids.shape[0]
     if q is None:

@@ -18,6 +18,7 @@ are independent draws given the prefix. Greedy is the usual greedy rule (t_i = a
 import torch
 
 from ..core.verify import draw, verify, verify_reference
+from .host import host_reader
 
 
 def target_tokens(p, u):
@@ -43,10 +44,7 @@ def verify_match_reference(draft_ids, p, q, u, e, greedy=False, syncs=None) -> t
     if greedy:
         return verify_reference(draft_ids, p, q, u, e, greedy=True, syncs=syncs)
 
-    def host(x, kind=float):
-        if syncs is not None:
-            syncs["count"] = syncs.get("count", 0) + 1
-        return kind(x)  # sync: one host read
+    host = host_reader(syncs)
 
     def verdict(n, token):
         host(0, int)  # counted: the verdict is copied from the host back to the device
