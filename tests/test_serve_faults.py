@@ -146,7 +146,7 @@ def test_a_draft_shorter_than_the_server_sizes_it_down_says_so_and_refuses_what_
     with pytest.warns(UserWarning, match="the draft's positions"):
         server = Server(target, draft, max_batch=2, block_size=4, max_seq_len=128, k=2)
     assert server.engine.max_seq_len == 32
-    with pytest.raises(ValueError, match=r"max_seq_len, 32 positions .*the draft 32"):
+    with pytest.raises(ValueError, match=r"max_seq_len, 32 positions .*the draft's positions: 32"):
         server.submit([1, 2, 3], max_new_tokens=20)
     h = server.submit([1, 2, 3], max_new_tokens=10)
     assert h.result().tokens == _greedy([1, 2, 3], 10)

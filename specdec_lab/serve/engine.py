@@ -101,12 +101,10 @@ class BatchEngine:
             raise ValueError(f"draft vocabulary ({draft.cfg.vocab_size}) differs from the target's "
                              f"({target.cfg.vocab_size}); the draft must share the target's tokenizer")
         self.target, self.draft, self.verifier = target, draft, verifier
-        limits = {"the target's positions": target.cfg.max_seq_len}
-        if draft is not None:
-            limits["the draft's positions"] = draft.cfg.max_seq_len
-        self.max_seq_len = min([max_seq_len or target.cfg.max_seq_len, *limits.values()])
+        self.limits = model_positions(target, draft)
+        self.max_seq_len = min([max_seq_len or target.cfg.max_seq_len, *self.limits.values()])
         if max_seq_len and max_seq_len > self.max_seq_len:
-            what = min(limits, key=limits.get)
+            what = min(self.limits, key=self.limits.get)
             warnings.warn(f"max_seq_len {max_seq_len} exceeds {what} ({self.max_seq_len}): the engine holds "
                           f"{self.max_seq_len} positions per sequence", stacklevel=3)
 
@@ -281,6 +279,14 @@ class BatchEngine:
                 s.steps.append(rec)
             records.append(rec)
         return records
+
+
+def model_positions(target, draft=None) -> dict:
+    """{what: positions} no sequence may outgrow: the target's rotary table, and the draft's."""
+    limits = {"the target's positions": target.cfg.max_seq_len}
+    if draft is not None:
+        limits["the draft's positions"] = draft.cfg.max_seq_len
+    return limits
 
 
 def make_sequence(prompt_ids, max_new_tokens=32, temperature=0.0, top_p=1.0, top_k=0, seed=0, k=4,

@@ -34,14 +34,12 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-import torch
-
 from ..core.config import MAX_K, SamplingConfig
 from ..core.engine import check_generate_args, check_seed, check_token_ids
 from ..core.sampling import make_generator
 from ..core.text import encode_prompt
 from ..paged import blocks_for
-from .engine import BatchEngine, BatchRecord, Sequence
+from .engine import BatchEngine, BatchRecord, Sequence, model_positions
 from .verify import verify_batch
 
 
@@ -146,9 +144,9 @@ class Server:
                             ("fault_limit", fault_limit, 1), ("history", history, 1)):
             if isinstance(v, bool) or not isinstance(v, int) or v < lo:
                 raise ValueError(f"{name} must be an int >= {lo}, got {v!r}")
-        limits = [target.cfg.max_seq_len] + ([draft.cfg.max_seq_len] if draft is not None else [])
         if num_blocks is None:
-            num_blocks = max_batch * blocks_for(min([max_seq_len, *limits]), block_size)
+            num_blocks = max_batch * blocks_for(min([max_seq_len, *model_positions(target, draft).values()]),
+                                                block_size)
         if isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks < 1:
             raise ValueError(f"num_blocks must be an int >= 1, got {num_blocks!r}")
         if isinstance(k, bool) or not (isinstance(k, int) and 0 <= k <= MAX_K or hasattr(k, "k_for")):
@@ -191,8 +189,7 @@ class Server:
         if need > self.engine.max_seq_len:
             raise ValueError(f"prompt ({len(ids)} tokens) + max_new_tokens ({max_new_tokens}) + lookahead "
                              f"({MAX_K + 1}) = {need} exceeds the server's max_seq_len, {self.engine.max_seq_len} "
-                             f"positions (the target holds {target.cfg.max_seq_len}"
-                             + (f", the draft {self.engine.draft.cfg.max_seq_len})" if self.engine.draft else ")"))
+                             f"positions ({', '.join(f'{w}: {n}' for w, n in self.engine.limits.items())})")
         pool = self.engine.target_kv.num_blocks
         if blocks_for(need, self.block_size) > pool:
             raise ValueError(f"max_new_tokens ({max_new_tokens}): the request needs up to "
