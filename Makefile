@@ -8,7 +8,7 @@ LAB_SETTINGS := $(VENV)/share/jupyter/lab/settings/overrides.json
 # nbconvert's configuration for this environment: re-executed chapters store no widget state.
 NBCONVERT_CONFIG := $(VENV)/etc/jupyter/jupyter_nbconvert_config.json
 
-.PHONY: setup model peer peers lab test demo bench clean
+.PHONY: setup model peer peers vllm lab test demo bench clean
 
 # What the lab needs. The peers (llama-server) are not part of it: `make lab` opens on the default
 # pair without waiting for them; `make test` and `make peers` build them.
@@ -31,12 +31,21 @@ model: $(STAMP)
 	$(PY) -m specdec_lab fetch
 	-bash scripts/install_browser.sh
 
-# llama.cpp's llama-server, the benchmark's peer and the export tests' loader, built once into the cache
-# (scripts/build_llama_cpp.sh: about 10 minutes on 2 cores the first time; a failure stops set-up).
+# The two peers, set up once, side by side: llama.cpp's llama-server and its converter, built into the
+# cache (scripts/build_llama_cpp.sh: 8 to 14 minutes on 2 cores), and vLLM for CPU, installed into
+# .venv-vllm/ (scripts/setup_vllm.sh: about 4 minutes, mostly downloads). The install runs while the
+# build compiles; a failure of either stops set-up. `make lab` needs neither.
+peers: $(STAMP)
+	bash scripts/setup_vllm.sh > .venv-vllm.log 2>&1 & vllm=$$!; \
+	bash scripts/build_llama_cpp.sh $(PY); built=$$?; \
+	wait $$vllm; installed=$$?; cat .venv-vllm.log; rm -f .venv-vllm.log; \
+	test $$built -eq 0 -a $$installed -eq 0
+
 peer: $(STAMP)
 	bash scripts/build_llama_cpp.sh $(PY)
 
-peers: peer
+vllm:
+	bash scripts/setup_vllm.sh
 
 lab: setup
 	$(VENV)/bin/jupyter lab notebooks/
@@ -47,7 +56,7 @@ lab: setup
 # go out in tests/conftest.py's order, the longest first (--no-loadscope-reorder keeps it). One torch
 # thread per process: two workers fill the 2 cores (the browser test adds JupyterLab, a kernel and
 # Chromium), and oversubscribed OpenMP threads slow torch down many times over.
-test: setup peer
+test: setup peers
 	$(VENV)/bin/lint-imports
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder tests notebooks --nbval \
 		--sanitize-with notebooks/sanitize.cfg
@@ -66,4 +75,4 @@ bench: setup
 		--no-feature-draft --no-self-draft
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) .venv-vllm .pytest_cache

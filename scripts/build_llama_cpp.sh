@@ -32,7 +32,20 @@ fail() {
 }
 trap 'fail "a command exited with an error (line $LINENO)"' ERR
 
+# llama.cpp's own converter (convert_hf_to_gguf.py, its conversion/ package and gguf-py), kept beside
+# the binary: io/export.py runs it to turn the EAGLE-3 checkpoint into the GGUF llama-server reads.
+CONVERT=$ROOT/convert
+keep_converter() {
+    [[ -f $CONVERT/convert_hf_to_gguf.py ]] && return 0
+    local tmp=$ROOT/convert.partial
+    rm -rf "$tmp" && mkdir -p "$tmp"
+    tar -xzf "$1" -C "$tmp" --strip-components=3 "llama_cpp_python-$VERSION/vendor/llama.cpp/convert_hf_to_gguf.py" \
+        "llama_cpp_python-$VERSION/vendor/llama.cpp/conversion" "llama_cpp_python-$VERSION/vendor/llama.cpp/gguf-py"
+    mv "$tmp" "$CONVERT"
+}
+
 if [[ -f $STAMP && -x $BIN ]]; then
+    [[ -f $ROOT/llama_cpp_python-$VERSION.tar.gz ]] && keep_converter "$ROOT/llama_cpp_python-$VERSION.tar.gz"
     echo "llama-server (llama.cpp from llama-cpp-python $VERSION) is built: $BIN"
     exit 0
 fi
@@ -49,6 +62,8 @@ if [[ ! -f $SDIST ]] || ! echo "$SDIST_SHA256  $SDIST" | sha256sum -c --quiet - 
         -d "$ROOT" "llama-cpp-python==$VERSION"
     echo "$SDIST_SHA256  $SDIST" | sha256sum -c --quiet - || fail "$SDIST: sha256 mismatch"
 fi
+
+keep_converter "$SDIST"
 
 SRC=$ROOT/src
 rm -rf "$SRC" "$ROOT/build"

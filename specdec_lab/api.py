@@ -19,7 +19,7 @@ import torch
 from .compiled import compiled_twin
 from .core.engine import Engine, autoregressive_generate  # noqa: F401 (re-exported)
 from .core.model import Transformer
-from .cpu import SelfDraft, SelfDrafter, accelerated
+from .cpu import SelfDraft, SelfDrafter, accelerated, fast_modules
 from .cpu import accelerate as accelerate_in_place
 from .drafters import Eagle3Draft, Eagle3Drafter, FeatureDraft, FeatureDrafter, LookupDrafter, ModelDrafter
 from .drafters.eagle3 import load_eagle3_draft as _load_eagle3_draft
@@ -257,9 +257,10 @@ def load_feature_draft(target, folder=None, accelerate=None):
 
 
 def load_eagle3_draft(target, folder=None, accelerate=None):
-    """drafters.load_eagle3_draft (default: the shipped draft), its layer made fast on the CPU like
-    load_feature_draft's."""
+    """drafters.load_eagle3_draft (default: the shipped draft), its products and norms swapped for
+    the CPU's fast twins (accelerate=None: on the CPU). Its layer is the engines' EAGLE-3 layer,
+    not the decoder's block, so no one-call forward: that is fused.FusedForward's shape."""
     model = _load_eagle3_draft(target, folder)
-    if _check_accelerate(accelerate, target.device):
-        accelerate_in_place(model.body, weights="float16")
+    if _check_accelerate(accelerate, target.device) and model.device.type == "cpu":
+        fast_modules(model)
     return model

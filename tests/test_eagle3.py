@@ -5,17 +5,19 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
 import specdec_lab as sl
 from specdec_lab.analysis.syncs import count_host_syncs
 from specdec_lab.core.model import check_layers
 from specdec_lab.cpu import accelerate
 from specdec_lab.cpu import build as kernels
+from specdec_lab.cpu.linear import FastLinear, FastRMSNorm
 from specdec_lab.drafters import Eagle3Draft, Eagle3Drafter, FeatureDrafter, load_eagle3_draft, save_eagle3_draft
 from specdec_lab.drafters.eagle3 import default_hidden_layers
 from specdec_lab.drafters.feature import FeatureDraft, save_feature_draft
 from specdec_lab.train.data import generate_data
-from specdec_lab.train.eagle3 import (UnrollKeys, eagle3_loss, init_from_feature_draft, subset_positions,
+from specdec_lab.train.eagle3 import (UnrollKeys, eagle3_loss, init_by_folding, subset_positions,
                                       target_view, train_eagle3_draft, unroll_mask, unroll_reference)
 from specdec_lab.train.feature import collate_entries, load_feature_shards
 
@@ -141,9 +143,8 @@ def test_the_unrolled_passes_compute_what_drafting_computes(target, draft):
         g, tok, N = draft.fuse_states(states), x[:, 1:], len(seq) - 1
         keys, passes = UnrollKeys(1), []
         for s in range(3):
-            h = draft.body.hidden(tok, input_pos=torch.arange(N), cache=keys, mask=unroll_mask(N, s),
-                                  embeds=draft.inputs(tok, g))
-            passes.append((h @ draft.body.head.proj.weight).log_softmax(-1)[0])
+            h = draft.states(tok, g, cache=keys, input_pos=torch.arange(N), mask=unroll_mask(N, s))
+            passes.append(draft.head.proj(draft.norm(h)).log_softmax(-1)[0])
             g = torch.cat([g[:, :1], h[:, :-1]], 1)
     for base in (0, 3, 7):
         ref = unroll_reference(draft, target, seq, base, 3)
@@ -179,24 +180,48 @@ def test_the_stored_states_and_top_k_are_what_the_target_computes(target, draft,
         assert tgt_pos[b, P - 2:P - 2 + n, 0].tolist() == pos[tokens[P:]].tolist()  # entry e drafts t_{e+2}
 
 
-def test_a_draft_started_from_a_feature_draft_drafts_as_it_does(target, tmp_path):
-    """init_from_feature_draft: where the highest layer read is the target's last, g starts as the
-    final state f exactly, so the EAGLE-3 draft proposes what the feature draft proposes."""
+def _earlier_layout(target, fd, x, fuse):
+    """The earlier layout's fusion and attention input for entries (x[1:], states of x[:-1]):
+    g = fuse([rms(a), rms(b), rms(c)]), then attn_norm(fc_in([norm(e), norm(g)])) @ Wqkv."""
+    import torch.nn.functional as F
+    states, _, _ = target_view(target, Eagle3Draft(target, (0, 1, 2), vocab_ids=SUBSET), x)
+    n, dim = 3, 64
+    g = F.rms_norm(states.unflatten(-1, (n, dim)), (dim,)).flatten(-2) @ fuse
+    e = F.embedding(x[:, 1:], fd.embed_weight)
+    z = torch.cat([fd.embed_norm(e), fd.feat_norm(g)], -1)
+    return states, g, fd.body.layers[0].attn.wqkv(fd.body.layers[0].attn_norm(fd.fc(z)))
+
+
+def test_a_draft_of_the_earlier_layout_folds_into_this_one(target, tmp_path):
+    """init_by_folding: on a sample of one entry, whose RMS is then the typical one, the folded
+    fusion gives the earlier g and the folded q, k, v the earlier layer's, exactly; the residual
+    is the one thing that differs."""
     fd = FeatureDraft(target, SUBSET, seed=3)
+    fuse = torch.randn(3 * 64, 64, generator=torch.Generator().manual_seed(4)) / 14
     folder = save_feature_draft(fd, tmp_path / "fd")
-    fd = sl.api.load_feature_draft(target, folder, accelerate=False)
-    e3 = init_from_feature_draft(Eagle3Draft(target, (0, 1, 2), vocab_ids=SUBSET, seed=9), target, folder).eval()
-    runs = [sl.SpeculativeEngine(target, d, k=3).generate([4, 5, 6, 2], max_new_tokens=30) for d in (fd, e3)]
-    assert [r.num_accepted for r in runs[0].steps] == [r.num_accepted for r in runs[1].steps]
+    fd = sl.api.load_feature_draft(target, folder, accelerate=False)  # the stored (float16) weights, as folded
+    sd = load_file(str(folder / "model.safetensors"))
+    save_file({**sd, "fuse.weight": fuse.half()}, str(folder / "model.safetensors"))  # an EAGLE-3 draft of layout 1
+    fuse = fuse.half().float()
+    x = torch.tensor([[4, 5, 6, 9, 2, 7]])
+    with torch.no_grad():
+        states, g, qkv = _earlier_layout(target, fd, x, fuse)
+        for j in (0, 3):  # a one-entry sample each time
+            e3 = init_by_folding(Eagle3Draft(target, (0, 1, 2), vocab_ids=SUBSET, seed=9), target, folder,
+                                 (x[0, 1 + j:2 + j], states[0, j:j + 1]))
+            g3 = e3.fuse_states(states[0, j])
+            torch.testing.assert_close(g3, g[0, j], atol=1e-4, rtol=1e-4)
+            e = torch.nn.functional.embedding(x[0, 1 + j], e3.embed_weight)
+            x3 = torch.cat([e3.layer.embed_norm(e), e3.layer.state_norm(g3)], -1)
+            torch.testing.assert_close(e3.layer.attn.wqkv(x3), qkv[0, j], atol=1e-4, rtol=1e-4)
     with pytest.raises(ValueError, match="subset"):
-        init_from_feature_draft(Eagle3Draft(target, (0, 1, 2), vocab_ids=SUBSET[:-1]), target, folder)
-    with pytest.raises(ValueError, match="no feature draft"):
-        init_from_feature_draft(Eagle3Draft(target, (0, 1, 2), vocab_ids=SUBSET), target, tmp_path)
+        init_by_folding(Eagle3Draft(target, (0, 1, 2), vocab_ids=SUBSET[:-1]), target, folder,
+                        (x[0, 1:], states[0]))
 
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    """A one-layer draft trained 40 steps on a tiny target's own greedy answers."""
+    """A one-layer draft trained 80 steps on a tiny target's own greedy answers."""
     from test_distill import _bigram_target  # next token from the current one: learnable in a few dozen steps
     target = _bigram_target()
     folder = tmp_path_factory.mktemp("eagle3")
@@ -207,7 +232,7 @@ def trained(tmp_path_factory):
                   progress=False, keep_layers=fd.hidden_layers)
     train, held = load_feature_shards([folder / "data"], lambda i: i % 10 == 0)
     before = sl.SpeculativeEngine(target, fd.eval(), k=3).generate([1, 7, 2], max_new_tokens=40).stats
-    fd, history, curve = train_eagle3_draft(fd, train, held, steps=40, lr=1e-2, max_tokens=256,
+    fd, history, curve = train_eagle3_draft(fd, train, held, steps=80, lr=2e-2, max_tokens=256,
                                             eval_every=10, progress=False, work_dir=folder / "work")
     return target, fd, history, curve, before, train, held, folder
 
@@ -226,15 +251,15 @@ def test_training_lowers_every_passs_loss_and_raises_agreement(trained):
 def test_the_target_and_its_head_are_not_trained(trained):
     target, fd, *_ = trained
     assert not any(p.requires_grad for p in target.parameters())
-    assert torch.equal(fd.body.head.proj.weight, target.head.weight[:, fd.body.head.ids])
+    assert torch.equal(fd.head.proj.weight, target.head.weight[:, fd.head.ids])
 
 
 def test_a_rerun_resumes_from_the_checkpoint(trained):
     target, fd, history, curve, _, train, held, folder = trained
     fresh = Eagle3Draft(target, seed=7)  # its own weights are replaced by the checkpoint's
-    fresh, more, more_curve = train_eagle3_draft(fresh, train, held, steps=42, lr=1e-2, max_tokens=256,
+    fresh, more, more_curve = train_eagle3_draft(fresh, train, held, steps=82, lr=2e-2, max_tokens=256,
                                                  eval_every=10, progress=False, work_dir=folder / "work")
-    assert len(more) == 42 and more[:40] == history and more_curve[:4] == curve
+    assert len(more) == 82 and more[:80] == history and more_curve[:8] == curve
     assert more_curve[-1][1][0] > 0.8, "it went on from the trained weights, not from seed 7's"
 
 
@@ -249,7 +274,7 @@ def test_saved_and_loaded_it_drafts_the_same(trained, tmp_path):
     b = sl.SpeculativeEngine(target, loaded, k=3).generate([1, 7, 2], max_new_tokens=40).stats
     assert b.accepted_share == pytest.approx(a.accepted_share, abs=0.05)
     fast = sl.api.load_eagle3_draft(target, out)  # on the CPU: its layer in one call
-    assert (fast.body.runner is not None) == kernels.available()
+    assert isinstance(fast.layer.attn.wqkv, FastLinear) and isinstance(fast.norm, FastRMSNorm)
     res = sl.SpeculativeEngine(target, fast, k=3).generate([1, 7, 2], max_new_tokens=40)
     assert res.tokens == sl.autoregressive_generate(target, [1, 7, 2], max_new_tokens=40).tokens
     assert res.stats.accepted_share == pytest.approx(a.accepted_share, abs=0.1)

@@ -1,5 +1,6 @@
 """io/export.py: the exported drafts load in llama.cpp and in the lab's loaders, and the EAGLE-3
-folder has the names and the fusion vLLM 0.33.0's loader reads (llama_eagle3.py)."""
+checkpoint has the names vLLM's loader reads (llama_eagle3.py) and computes the lab's draft under
+them. vLLM and llama.cpp themselves run the exports in tests/test_engines.py."""
 import json
 
 import pytest
@@ -119,7 +120,7 @@ def test_hf_draft_folder_loads_in_the_lab_and_transformers(exported, default_tar
     assert AutoTokenizer.from_pretrained(str(folder)).encode("sky") == default_target.tokenizer.encode("sky")
 
 
-def test_eagle3_folder_has_vllms_names_and_config(exported):
+def test_eagle3_folder_has_the_engines_names_and_config(exported):
     folder = exported["eagle3"]
     with safe_open(str(folder / "model.safetensors"), framework="pt") as f:
         assert sorted(f.keys()) == VLLM_EAGLE3_NAMES
@@ -134,22 +135,68 @@ def test_eagle3_folder_has_vllms_names_and_config(exported):
     assert (d2t + torch.arange(8192)).tolist() == lab["vocab_ids"]  # target id = draft id + d2t
     assert cfg["architectures"] == ["LlamaForCausalLMEagle3"] and cfg["draft_vocab_size"] == 8192
     assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [i + 1 for i in lab["hidden_layers"]]
-    assert cfg["fc_norm"] and cfg["norm_output"] and not cfg["norm_before_fc"]
+    assert cfg["eagle_aux_hidden_state_layer_ids"] == [i + 1 for i in lab["hidden_layers"]]  # llama.cpp's converter
+    for folded in ("fc_norm", "norm_output", "norm_before_fc"):  # nothing the lab would have to fold
+        assert not cfg.get(folded), folded
+    assert cfg["norm_before_residual"] == lab["norm_before_residual"]
+
+
+def _engines_eagle3(w, cfg, embeds, fused, rope_theta):
+    """The EAGLE-3 layer as vLLM's llama_eagle3.py and llama.cpp's eagle3.cpp compute it, written
+    from those files over the exported names: x = [input_layernorm(e), hidden_norm(g)] into q/k/v,
+    the residual from g, post_attention_layernorm, the MLP, then norm and lm_head with d2t.
+    embeds (T, dim) and fused (T, dim) = fc(states); causal attention over the T entries."""
+    eps, H, Hkv, D = cfg["rms_norm_eps"], cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+    T = embeds.shape[0]
+    g = fused
+    gn = F.rms_norm(g, (g.shape[-1],), w["midlayer.hidden_norm.weight"], eps)
+    x = torch.cat([F.rms_norm(embeds, (g.shape[-1],), w["midlayer.input_layernorm.weight"], eps), gn], -1)
+    q = F.linear(x, w["midlayer.self_attn.q_proj.weight"]).view(T, H, D)
+    k = F.linear(x, w["midlayer.self_attn.k_proj.weight"]).view(T, Hkv, D)
+    v = F.linear(x, w["midlayer.self_attn.v_proj.weight"]).view(T, Hkv, D)
+    inv = 1.0 / rope_theta ** (torch.arange(0, D, 2).float() / D)
+    ang = torch.outer(torch.arange(T).float(), inv)
+    cos, sin = torch.cat([ang.cos()] * 2, -1)[:, None], torch.cat([ang.sin()] * 2, -1)[:, None]
+
+    def rot(t):  # neox style: dimension i with i + D/2, as Hugging Face's checkpoints are laid out
+        a, b = t.chunk(2, -1)
+        return t * cos + torch.cat([-b, a], -1) * sin
+    q, k = rot(q), rot(k)
+    k, v = k.repeat_interleave(H // Hkv, 1), v.repeat_interleave(H // Hkv, 1)
+    att = torch.einsum("thd,shd->hts", q, k) / D ** 0.5
+    att = att.masked_fill(torch.ones(T, T).triu(1).bool(), float("-inf")).softmax(-1)
+    o = F.linear(torch.einsum("hts,shd->thd", att, v).reshape(T, H * D), w["midlayer.self_attn.o_proj.weight"])
+    r = (gn if cfg["norm_before_residual"] else g) + o
+    m = F.rms_norm(r, (r.shape[-1],), w["midlayer.post_attention_layernorm.weight"], eps)
+    h = r + F.linear(F.silu(F.linear(m, w["midlayer.mlp.gate_proj.weight"])) * F.linear(m, w["midlayer.mlp.up_proj.weight"]),
+                     w["midlayer.mlp.down_proj.weight"])
+    logits = F.linear(F.rms_norm(h, (h.shape[-1],), w["norm.weight"], eps), w["lm_head.weight"])  # (T, 8192)
+    full = torch.full((T, cfg["vocab_size"]), float("-inf"))
+    full[:, torch.arange(logits.shape[-1]) + w["d2t"]] = logits
+    return h, full
 
 
 @pytest.mark.slow
-def test_eagle3_fusion_is_the_labs(exported, default_target):
-    """vLLM's combine_hidden_states with fc_norm (one RMSNorm per layer's chunk, then fc) on the
-    exported weights gives the lab's fused state."""
+def test_the_exported_eagle3_weights_compute_the_labs_draft(exported, default_target):
+    """The engines' EAGLE-3 function over the exported tensors, written from their source, gives the
+    lab's draft's states and logits over the target's real layer states: a renaming, nothing folded."""
     lab = load_eagle3_draft(default_target).float()
     with safe_open(str(exported["eagle3"] / "model.safetensors"), framework="pt") as f:
-        fc = f.get_tensor("fc.weight").float()
-        norms = [f.get_tensor(f"fc_norm.{i}.weight").float() for i in range(3)]
-    eps = json.loads((exported["eagle3"] / "config.json").read_text())["rms_norm_eps"]
-    states = torch.randn(5, 3 * 576) * torch.tensor([1.0, 10.0, 100.0]).repeat_interleave(576)
-    chunks = states.chunk(3, dim=-1)
-    vllm = F.linear(torch.cat([F.rms_norm(c, (576,), w, eps) for c, w in zip(chunks, norms)], -1), fc)
-    assert torch.allclose(vllm, lab.fuse_states(states).float(), rtol=2e-3, atol=2e-3)
+        w = {k: (f.get_tensor(k).float() if k != "d2t" else f.get_tensor(k)) for k in f.keys()}
+    cfg = json.loads((exported["eagle3"] / "config.json").read_text())
+    ids = torch.tensor([encode_prompt(default_target.tokenizer, PROMPTS[0])])
+    with torch.no_grad():
+        _, states = default_target.hidden(ids, layers=lab.hidden_layers)  # (1, T, 3 dim)
+        fused = F.linear(states[0, :-1], w["fc.weight"])  # vLLM's combine_hidden_states, llama.cpp's encoder
+        torch.testing.assert_close(fused, lab.fuse_states(states[0, :-1]), atol=1e-3, rtol=1e-3)
+        embeds = default_target.embed_tokens(ids[:, 1:])[0]  # entry j reads t_{j+1} with the state at j
+        h, logits = _engines_eagle3(w, cfg, embeds, fused, cfg["rope_theta"])
+        lab_h, lab_logits = lab(ids[:, 1:], fused[None])
+    torch.testing.assert_close(h, lab_h[0], atol=2e-3, rtol=2e-3)
+    finite = torch.isfinite(lab_logits[0])
+    assert torch.equal(finite, torch.isfinite(logits))
+    torch.testing.assert_close(logits[finite], lab_logits[0][finite], atol=2e-3, rtol=2e-3)
+    assert torch.equal(logits.argmax(-1), lab_logits[0].argmax(-1))
 
 
 def _export_commands(out):

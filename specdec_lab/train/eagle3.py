@@ -26,19 +26,20 @@ whose token is an answer token. No loss pulls h towards a target state. `unroll_
 computes one drafted chain the way the drafter does, entry by entry through a KVCache, and the
 tests check that the passes agree with it.
 """
+import json
 import math
 import time
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file
 from tqdm.auto import tqdm
 
 from ..core.attention import grouped_attention
 from ..core.config import cache_dir
-from ..core.kv_cache import KVCache
-from ..drafters.eagle3 import (Eagle3Draft, default_hidden_layers, is_eagle3_folder, load_eagle3_draft,
+from ..drafters.eagle3 import (LAYOUT, Eagle3Draft, default_hidden_layers, is_eagle3_folder, load_eagle3_draft,
                                save_eagle3_draft)
-from ..drafters.feature import load_feature_draft
 from ..io.assets import ensure_default_target
 from ..io.pair import default_draft_dir, vocab_subset
 from ..io.weights import load_model
@@ -96,7 +97,7 @@ def target_view(target, model, x):
     computed afresh: unroll_reference and the tests use it."""
     final, states = target.hidden(x, layers=model.hidden_layers)  # (B, L, dim), (B, L, n * dim)
     logits = target.head(final[:, 1:]).float()  # (B, L - 1, V)
-    ids = model.body.head.ids
+    ids = model.head.ids
     pos = torch.full((logits.shape[-1],), -1, dtype=torch.long, device=x.device)
     pos[ids] = torch.arange(len(ids), device=x.device)
     return states[:, :-1], logits[..., ids].softmax(-1), pos[logits.argmax(-1)]
@@ -111,17 +112,15 @@ def eagle3_loss(model, tok, states, tgt_pos, tgt_lp, weight, unroll=3):
     check_unroll(unroll)
     B, N = tok.shape
     g = model.fuse_states(states)  # (B, N, dim): with gradient, the fusion is trained
-    W = model.body.head.proj.weight  # (dim, S), frozen
     p = torch.where(tgt_pos >= 0, tgt_lp, -1e4).softmax(-1)  # the target's top-k within the subset
     e = torch.arange(N, device=tok.device)
-    keys = UnrollKeys(model.body.cfg.n_layers)
+    keys = UnrollKeys(model.cfg.n_layers)
     total, losses, agree = 0.0, [], []
     for s in range(unroll):
-        h = model.body.hidden(tok, input_pos=e, cache=keys, mask=unroll_mask(N, s, tok.device),
-                              embeds=model.inputs(tok, g))  # (B, N, dim)
+        h = model.states(tok, g, cache=keys, input_pos=e, mask=unroll_mask(N, s, tok.device))  # (B, N, dim)
         # entry e predicts an answer token from a base e - s that is an answer entry too
         keep = (weight > 0) & (torch.cat([weight.new_zeros(B, s), weight[:, :N - s]], 1) > 0)  # (B, N)
-        logq = (h[keep] @ W).float().log_softmax(-1)  # (M, S)
+        logq = model.head.proj(model.norm(h[keep])).float().log_softmax(-1)  # (M, S): the head's subset
         loss = -(p[keep] * logq.gather(-1, tgt_pos[keep].clamp_min(0))).sum(-1).mean()
         top = tgt_pos[keep][:, 0]
         total, losses = total + loss, losses + [loss.item()]
@@ -138,11 +137,11 @@ def unroll_reference(model, target, seq, base, depth):
     x = torch.tensor([seq], device=model.device)
     states, _, _ = target_view(target, model, x)
     g = model.fuse_states(states)[0]  # (N, dim)
-    cache = KVCache.for_model(model.body.cfg, len(seq), dtype=model.dtype, device=model.device)
+    cache = model.new_cache(len(seq))
     h, _ = model(x[:, 1:base + 2], g[None, :base + 1], cache=cache)  # entries 0..base: true states
     h, out = h[0, -1], []
     for i in range(depth):
-        out.append((h @ model.body.head.proj.weight).float().log_softmax(-1))
+        out.append(model.head.proj(model.norm(h)).float().log_softmax(-1))
         if i + 1 < depth:
             h, _ = model(x[:, base + 2 + i:base + 3 + i], h.view(1, 1, -1), cache=cache)
             h = h[0, -1]
@@ -157,7 +156,7 @@ def entries(example):
 def subset_positions(model):
     """(V,) the position of each token id in the head's subset, -1 outside it."""
     pos = torch.full((model.cfg.vocab_size,), -1, dtype=torch.long)
-    pos[model.body.head.ids.cpu()] = torch.arange(len(model.body.head.ids))
+    pos[model.head.ids.cpu()] = torch.arange(len(model.head.ids))
     return pos
 
 
@@ -173,21 +172,53 @@ def evaluate(model, held, max_tokens, unroll):
     return [a / max(count, 1) for a in sums]
 
 
-def init_from_feature_draft(model: Eagle3Draft, target, folder):
-    """Start from a trained EAGLE-style feature draft (drafters/feature.py) of the same target and
-    head: its layer, input projection and norms are copied, and the fusion starts as the final
-    norm's scale on the highest layer's normalised states (zero on the others), so that g starts
-    near the final state f that the feature draft was trained to read."""
-    feature = load_feature_draft(target, folder)
-    if feature.cfg.n_layers != model.body.cfg.n_layers or not torch.equal(feature.body.head.ids, model.body.head.ids):
-        raise ValueError(f"the feature draft in {folder} has another depth or another token subset in its head "
-                         f"than this draft: it cannot start it")
-    model.load_state_dict(feature.state_dict(), strict=False)  # all but the fusion, which it lacks
+def typical_rms(x):
+    """The mean over rows of each row's root mean square: x (..., dim) -> a float."""
+    return float(x.float().pow(2).mean(-1).sqrt().mean())
+
+
+@torch.no_grad()
+def init_by_folding(model: Eagle3Draft, target, folder, sample):
+    """Start from a draft in the lab's earlier layout: an EAGLE-style feature draft
+    (drafters/feature.py's folder) or an EAGLE-3-style draft of layout 1, which read
+    x = fc_in([norm(e), norm(g)]) and ran a standard pre-norm block on x, with g made from
+    RMS-normalised layer states. Their weights are folded into this layout: fc_in and the
+    attention norm's scale into q, k and v, divided by x's typical RMS (the norm the fold drops);
+    the fusion divided by each layer's typical RMS (the norm this layout drops); the MLP, its norm
+    and the output norm copied. What cannot be folded is the residual stream, which starts at g
+    here and at x there: training takes it from there. `sample`: (tokens (N,), layer states
+    (N, n * dim)) of a few answers, to measure the typical RMS. A feature draft has no fusion: g
+    starts as the target's final-norm scale on the highest layer's states."""
+    sd = {k: v.float() for k, v in load_file(str(Path(folder) / "model.safetensors")).items()}
+    cfg = json.loads((Path(folder) / "config.json").read_text())
+    if cfg.get("n_layers") != 1 or not torch.equal(torch.tensor(cfg["vocab_ids"]), model.head.ids.cpu()) \
+            or cfg.get("layout", 1) != 1 or "fc.weight" not in sd:
+        raise ValueError(f"{folder} holds no one-layer draft of the earlier layout with this draft's token subset: "
+                         f"it cannot start it")
+    tokens, states = sample
     n, dim = len(model.hidden_layers), model.state_width
-    gamma = target.norm.weight.detach().to(model.fuse.weight.dtype)
-    with torch.no_grad():
-        model.fuse.weight.zero_()
-        model.fuse.weight[(n - 1) * dim:] = torch.diag(gamma)  # weights are (in, out)
+    layer_rms = [typical_rms(x) for x in states.float().unflatten(-1, (n, dim)).unbind(-2)]
+    if "fuse.weight" in sd:  # (n dim, dim): an EAGLE-3 draft of layout 1
+        fuse = sd["fuse.weight"]
+    else:  # a feature draft read the final state: start from the highest layer, through the final norm's scale
+        fuse = torch.zeros(n * dim, dim)
+        fuse[(n - 1) * dim:] = torch.diag(target.norm.weight.detach().float().cpu())
+    fc = torch.cat([fuse[i * dim:(i + 1) * dim] / layer_rms[i] for i in range(n)])  # (n dim, dim)
+    # the earlier x over the sample, for its typical RMS
+    g = F.rms_norm(states.float().unflatten(-1, (n, dim)), (dim,)).flatten(-2) @ fuse  # (N, dim)
+    e = F.embedding(tokens.to(model.embed_weight.device), model.embed_weight).float().cpu()
+    z = torch.cat([F.rms_norm(e, (dim,), sd["embed_norm.weight"]), F.rms_norm(g, (dim,), sd["feat_norm.weight"])], -1)
+    x = z @ sd["fc.weight"]  # (N, dim)
+    wqkv = sd["fc.weight"] @ (sd["body.layers.0.attn_norm.weight"][:, None] * sd["body.layers.0.attn.wqkv.weight"])
+    folded = {"fc.weight": fc, "layer.embed_norm.weight": sd["embed_norm.weight"],
+              "layer.state_norm.weight": sd["feat_norm.weight"], "layer.attn.wqkv.weight": wqkv / typical_rms(x),
+              "layer.attn.wo.weight": sd["body.layers.0.attn.wo.weight"],
+              "layer.mlp_norm.weight": sd["body.layers.0.mlp_norm.weight"],
+              "layer.mlp.w13.weight": sd["body.layers.0.mlp.w13.weight"],
+              "layer.mlp.w2.weight": sd["body.layers.0.mlp.w2.weight"], "norm.weight": sd["body.norm.weight"]}
+    own = model.state_dict()
+    for k, v in folded.items():
+        own[k].copy_(v.to(own[k].dtype))
     return model
 
 
@@ -202,7 +233,7 @@ def train_eagle3_draft(model: Eagle3Draft, train, held=(), steps=600, lr=2e-3, m
     check_unroll(unroll)
     subset_pos = subset_positions(model)
     g = torch.Generator().manual_seed(seed)
-    params = [p.requires_grad_(True) for n, p in model.named_parameters() if not n.startswith("body.head.")]
+    params = [p.requires_grad_(True) for n, p in model.named_parameters() if not n.startswith("head.")]
     opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
     warm = max(1, steps // 20)
 
@@ -308,10 +339,13 @@ def eagle3_main(budget="full", out_dir=None, work_dir=None, data_dirs=None, prom
     n_train, out = sum(len(e[0]) - e[2] for e in train), Path(out_dir or work / "eagle3_draft")
     log(f"{len(train)} training answers ({n_train} answer tokens), {len(held)} held out")
     model = Eagle3Draft(target, layers, vocab_ids=vocab_subset(default_draft_dir()))
-    if init is not None and is_eagle3_folder(init):  # a second phase: go on from an EAGLE-3 draft's weights
+    if init is not None and is_eagle3_folder(init) and json.loads((Path(init) / "config.json").read_text()).get(
+            "layout") == LAYOUT:  # a second phase: go on from an EAGLE-3 draft's weights
         model.load_state_dict(load_eagle3_draft(target, init).state_dict())
-    elif init is not None:
-        init_from_feature_draft(model, target, init)
+    elif init is not None:  # a draft of the earlier layout, folded into this one
+        sample = train[:64]
+        init_by_folding(model, target, init, (torch.cat([t[1:] for t, *_ in sample]),
+                                              torch.cat([x for _, x, *_ in sample])))
 
     def on_eval(step, loss, agree, sec):
         log(f"step {step}: loss {loss:.3f}, held-out agreement by depth " + " ".join(f"{a:.3f}" for a in agree)
