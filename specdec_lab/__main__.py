@@ -18,7 +18,9 @@ from .api import (SpeculativeEngine, autoregressive_generate, check_dtype, compi
 from .bench.load import load_main
 from .bench.main import bench_main, env_threads
 from .cli import build_parser
+from .bench.engines import format_engine_acceptance, run_engine_acceptance
 from .bench.peer import PEER_QUICK, PeerConfig, format_peer, llama_server_path, run_peer_bench
+from .bench.vllm_server import vllm_python
 from .bench.serve import ServeBenchConfig
 from .core.config import MAX_K, cache_dir
 from .cpu import SelfDraft, best_weights
@@ -352,6 +354,8 @@ def cmd_prompts(args):
 def cmd_bench(args):
     if args.load:
         return load_main(args, BENCH_PROMPTS, log=_say)
+    if args.engines:
+        return cmd_bench_engines(args)
     if not args.peer:
         return bench_main(args)
     threads = args.threads if args.threads is not None else env_threads()
@@ -362,6 +366,19 @@ def cmd_bench(args):
     doc = run_peer_bench(cfg, log=_say)
     if not args.json:
         print(format_peer(doc))
+    print(json.dumps(doc))
+
+
+def cmd_bench_engines(args):
+    """bench --engines: the drafts' acceptance inside vLLM and llama.cpp beside the lab's (bench/engines.py)."""
+    vllm_python(), llama_server_path()  # both peers there, or one line saying how to set them up
+    threads = args.threads if args.threads is not None else env_threads()
+    n, tokens = args.prompts or (3 if args.quick else 12), args.max_new_tokens or (16 if args.quick else 64)
+    _say(f"bench --engines: {n} prompts x {tokens} tokens, {threads} thread(s); two drafts, each in the lab, "
+         f"vLLM (a server start takes one to three minutes) and llama.cpp ...")
+    doc = run_engine_acceptance(num_prompts=n, max_new_tokens=tokens, threads=threads, log=_say)
+    if not args.json:
+        print(format_engine_acceptance(doc))
     print(json.dumps(doc))
 
 

@@ -96,6 +96,11 @@ def add_bench_parser(sub, common):
                         "autoregressive and with the exported draft at K = 2, against this engine's autoregressive, "
                         "shipped draft, self-draft and 4-bit decode; --num-prompts (default 24), --max-new-tokens "
                         "(default 64), --threads (default 1)")
+    b.add_argument("--engines", action="store_true",
+                   help="only the shipped drafts inside vLLM for CPU and llama.cpp (bench/engines.py; `make peers` "
+                        "sets both up): each engine's own acceptance counters against the lab's on the hand-written "
+                        "held-out prompts, greedy, the token draft at K = 2 and the EAGLE-3 draft at K = 3; "
+                        "--num-prompts (default 12), --max-new-tokens (default 64), --threads (default 1)")
     add_load_arguments(b)
     b.add_argument("--json", action="store_true", help="print only the JSON document")
 

@@ -4,8 +4,8 @@ for real. Each draft gives the lab's greedy tokens in each engine, and each engi
 give a mean acceptance length within 10% of the lab's on the same prompts."""
 import pytest
 
-from specdec_lab.bench.engines import (acceptance, counts_since, format_engine_acceptance, lab_counts,
-                                       parse_spec_counters, run_engine_acceptance)
+from specdec_lab.bench.engines import acceptance, format_engine_acceptance, lab_counts, run_engine_acceptance
+from specdec_lab.bench.vllm_server import counts_since, metric_families, parse_spec_counters
 
 METRICS = """# HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.
 vllm:spec_decode_num_drafts_total{engine="0",model_name="m"} 10.0
@@ -28,6 +28,21 @@ def test_vllms_counters_are_read_by_name_and_position_and_differenced():
     assert row["tau"] == pytest.approx(1.75) and row["per_position"] == [0.5, 0.25, 0.0]
     assert row["accepted_share"] == pytest.approx(0.25)
     assert parse_spec_counters("")["accepted_per_pos"] == [] and acceptance(0, 0, 0)["tau"] is None
+
+
+def test_metric_families_are_read_with_their_type_and_label_names():
+    text = METRICS.replace("# HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.\n",
+                           "# TYPE vllm:spec_decode_num_drafts counter\n"
+                           "# TYPE vllm:spec_decode_num_accepted_tokens_per_pos counter\n") + (
+        "# TYPE vllm:e2e_request_latency_seconds histogram\n"
+        'vllm:e2e_request_latency_seconds_bucket{engine="0",le="0.3",model_name="m"} 1.0\n'
+        'vllm:e2e_request_latency_seconds_count{engine="0",model_name="m"} 1.0\n'
+        "# TYPE process_cpu_seconds counter\nprocess_cpu_seconds_total 3.0\n")
+    assert metric_families(text) == {
+        "vllm:spec_decode_num_drafts": {"type": "counter", "labels": ["engine", "model_name"]},
+        "vllm:spec_decode_num_accepted_tokens_per_pos": {"type": "counter",
+                                                         "labels": ["engine", "model_name", "position"]},
+        "vllm:e2e_request_latency_seconds": {"type": "histogram", "labels": ["engine", "model_name"]}}
 
 
 def test_the_labs_counts_are_vllms_a_draft_is_a_step_that_drafted():
@@ -62,3 +77,26 @@ def test_each_draft_accepts_in_each_engine_what_it_accepts_in_the_lab(measured, 
     if engine == "vllm":  # position by position, from vLLM's own counters
         assert len(other["per_position"]) == measured["drafts"][draft]["k"]
         assert other["per_position"][0] == pytest.approx(lab["per_position"][0], abs=0.08)
+
+
+@pytest.mark.slow
+def test_the_services_metrics_have_vllms_names_types_and_labels(measured):
+    """Every vllm: family the lab's /metrics exports is one the real vLLM server exported in the run
+    above, with the same type and label names: a dashboard written for vLLM reads the lab unchanged."""
+    import specdec_lab as sl
+    from specdec_lab.service.metrics import ServiceMetrics
+
+    server = sl.Server(sl.tiny_model(0), sl.tiny_model(1, n_layers=1), max_batch=2, block_size=4, max_seq_len=64, k=3)
+    metrics = ServiceMetrics(server, "tiny")
+    handles = [server.submit([1, 2, 3], max_new_tokens=8), server.submit([4, 5], max_new_tokens=6)]
+    while server.running or server.waiting:
+        server.step()
+    for h in handles:
+        metrics.on_done(h)
+    lab = metric_families(metrics.exposition().decode())
+    vllm = measured["vllm_metric_families"]
+    assert len(lab) >= 12 and "vllm:spec_decode_num_accepted_tokens_per_pos" in lab
+    for name, family in lab.items():
+        assert name in vllm, f"{name} is not a family vLLM 0.32.0 exports"
+        assert family["type"] == vllm[name]["type"], (name, family, vllm[name])
+        assert set(family["labels"]) <= set(vllm[name]["labels"]), (name, family, vllm[name])
