@@ -11,7 +11,8 @@ from specdec_lab.core.verify import draw
 from specdec_lab.lab import lossless
 from specdec_lab.serve.engine import BatchEngine, make_sequence, run_to_completion
 from specdec_lab.serve.forward import hidden
-from specdec_lab.serve.verify import num_accepted, verify_batch, verify_batch_reference
+from specdec_lab.serve.verify import BATCH_RULES, _at, _padded, num_accepted, verify_rows
+from specdec_lab.verification import RULES
 
 V = 5
 SHAPE = dict(vocab_size=V, dim=16, n_heads=2, n_kv_heads=1, eos_token_ids=(10 ** 6,))  # never stops early
@@ -108,34 +109,69 @@ def _random_inputs(ks, greedy, g):
     return D, P, Q, U, E
 
 
-def test_the_batched_verifier_equals_the_single_engines_loop_row_by_row():
+@pytest.mark.parametrize("name", ["token", "block", "match"])
+def test_each_batched_rule_equals_both_single_row_twins_row_by_row(name):
+    """Ragged K (0 included), greedy and sampled rows mixed, the same u and e: row b's verdict is the
+    chain engine's rule (vectorised and readable loop) on row b cut to its own k_b."""
     g = torch.Generator().manual_seed(0)
     for trial in range(200):
         ks = [int(x) for x in torch.randint(0, 5, (4,), generator=g)]
         ks[0] = max(ks[0], 1)
         greedy = [bool(x) for x in torch.randint(0, 2, (4,), generator=g)]
         D, P, Q, U, E = _random_inputs(ks, greedy, g)
-        out, ref = verify_batch(D, P, Q, U, E), verify_batch_reference(D, P, Q, U, E)
-        assert torch.equal(out, ref), (trial, ks, out, ref)
+        out = BATCH_RULES[name](D, P, Q, U, E)
+        for twin in RULES[name]:
+            ref = verify_rows(twin, D, P, Q, U, E)
+            assert torch.equal(out, ref), (trial, twin.__name__, ks, out, ref)
         n = num_accepted(out)
         assert all(0 <= int(n[b]) <= k for b, k in enumerate(ks))
         assert all((out[b, int(n[b]) + 1:] == -1).all() for b in range(4)), "unused slots must be -1"
 
 
-def test_the_batched_verifier_reads_nothing_to_the_host():
+@pytest.mark.parametrize("name", ["token", "block", "match"])
+def test_greedy_rows_take_the_argmax_rule_under_every_batched_rule(name):
+    """One-hot p and q, u = 0, e = 1: d_i kept exactly while it is argmax p_i, then argmax p_{n+1}."""
+    g = torch.Generator().manual_seed(2)
+    for trial in range(100):
+        ks = [int(x) for x in torch.randint(0, 5, (3,), generator=g)]
+        D, P, Q, U, E = _random_inputs(ks, [True] * 3, g)
+        best = P.argmax(-1)  # (B, K+1)
+        D[:, :] = torch.where((D >= 0) & (torch.rand(D.shape, generator=g) < 0.6), best[:, :-1], D)  # mostly right
+        Q = torch.nn.functional.one_hot(D.clamp(min=0), V).float()  # q one-hot at the (new) drafts
+        out = BATCH_RULES[name](D, P, Q, U, E)
+        for b, k in enumerate(ks):
+            n = next((i for i in range(k) if D[b, i] != best[b, i]), k)
+            assert out[b, :n + 1].tolist() == D[b, :n].tolist() + [int(best[b, n])], (trial, b, out[b])
+
+
+@pytest.mark.parametrize("name", ["token", "block", "match"])
+def test_the_batched_rules_read_nothing_to_the_host(name):
     D, P, Q, U, E = _random_inputs([3, 0, 2], [False, True, False], torch.Generator().manual_seed(1))
     with count_host_syncs() as syncs:
-        verify_batch(D, P, Q, U, E)
+        BATCH_RULES[name](D, P, Q, U, E)
     assert syncs.count == 0, syncs.calls
 
 
-def verify_batch_resample_from_p(D, P, Q, U, E):
-    """The classic bug, batched: the correction after a rejection drawn from p_j, not the residual."""
-    out = verify_batch(D, P, Q, U, E)
-    n = num_accepted(out)
-    B, _, Vv = P.shape
-    p_row = P.gather(1, n.view(B, 1, 1).expand(B, 1, Vv)).squeeze(1)  # (B, V)
-    return out.scatter(1, n.view(B, 1), draw(p_row, E).view(B, 1))
+def resample_from_p(name):
+    """The classic bug, batched: the token after the kept drafts drawn from p_{n+1} rather than from
+    the rule's own correction (the residual; for the block rule, the residual weighted by P_tau)."""
+    def broken(D, P, Q, U, E):
+        out = BATCH_RULES[name](D, P, Q, U, E)
+        n = num_accepted(out)
+        return out.scatter(1, n.view(-1, 1), draw(_at(P, n), E).view(-1, 1))
+    return broken
+
+
+def match_keeps_any_possible_token(D, P, Q, U, E):
+    """Exact match's slip, batched: d_i kept whenever p_i(d_i) > 0, not only when it is the target's
+    own draw. (Resampling from p is nearly invisible for exact match with this weak, flat draft.)"""
+    K = D.shape[1]
+    possible = P[:, :K].gather(-1, D.clamp(min=0).unsqueeze(-1)).squeeze(-1) > 0  # (B, K)
+    n = (possible & (D >= 0)).long().cumprod(-1).sum(-1)  # (B,)
+    return _padded(D.clamp(min=0), n, draw(_at(P, n), E))
+
+
+BROKEN = {"token": resample_from_p("token"), "block": resample_from_p("block"), "match": match_keeps_any_possible_token}
 
 
 ROWS = [  # prompt, K, temperature, top_p, top_k: one batch, every row different
@@ -162,10 +198,11 @@ def _sample_rows(target, draft, verifier, n_batches, n_tokens=2):
     return counts, greedy
 
 
-def test_every_row_of_a_mixed_batch_is_distributed_as_its_target_and_a_broken_verifier_fails(small_pair):
+@pytest.mark.parametrize("verifier", ["token", "block", "match"])
+def test_every_row_of_a_mixed_batch_is_distributed_as_its_target_and_a_broken_verifier_fails(small_pair, verifier):
     target, draft = small_pair
-    good, greedy = _sample_rows(target, draft, verify_batch, 1000)
-    bad, _ = _sample_rows(target, draft, verify_batch_resample_from_p, 1000)
+    good, greedy = _sample_rows(target, draft, verifier, 1000)
+    bad, _ = _sample_rows(target, draft, BROKEN[verifier], 1000)
     assert len(set(greedy)) == 1, "a greedy row must give the same tokens in every batch"
     caught = 0
     for b, (prompt, k, t, tp, tk) in enumerate(ROWS):
@@ -174,7 +211,23 @@ def test_every_row_of_a_mixed_batch_is_distributed_as_its_target_and_a_broken_ve
         assert ok.pvalue > 1e-4, f"row {b} (K={k}, T={t}, top_p={tp}) failed the lossless check (p = {ok.pvalue:.1e})"
         broken = lossless.chi_square_test(bad[b], probs)
         caught += broken.pvalue < 1e-4
-    assert caught >= 2, "the check did not catch resampling from p in the drafting rows"
+    assert caught >= 2, f"the check did not catch {BROKEN[verifier].__name__} in the drafting rows"
+
+
+def test_greedy_rows_give_the_same_tokens_under_every_verifier():
+    """Greedy output is unchanged by the rule: in a batch with sampled neighbours, every greedy row is
+    the target's own greedy decode under token, block and exact-match verification."""
+    target, draft = _pair()
+    eos = target.cfg.eos_token_ids
+    outputs = {}
+    for verifier in ("token", "block", "match"):
+        engine = BatchEngine(target, draft, num_blocks=128, block_size=4, max_seq_len=128, verifier=verifier)
+        seqs = [make_sequence(p, 16, temperature=0.0 if b % 2 == 0 else 0.9, seed=b, k=k, eos_ids=eos)
+                for b, (p, k) in enumerate(zip(PROMPTS, [4, 2, 3, 1, 5]))]
+        run_to_completion(engine, seqs)
+        outputs[verifier] = [s.output for s in seqs[::2]]
+    base = [sl.autoregressive_generate(target, p, max_new_tokens=16).tokens for p in PROMPTS[::2]]
+    assert all(out == base for out in outputs.values()), {key: out == base for key, out in outputs.items()}
 
 
 def test_a_row_gives_the_same_tokens_alone_and_in_a_batch_with_the_same_seed():
@@ -195,6 +248,14 @@ def test_bad_engine_arguments_are_refused():
         BatchEngine(target, draft, kv="ring")
     with pytest.raises(ValueError, match="vocabulary"):
         BatchEngine(target, sl.tiny_model(1, vocab_size=32))
+
+
+@pytest.mark.parametrize("make", [BatchEngine, sl.Server], ids=["BatchEngine", "Server"])
+def test_a_bad_verifier_name_is_refused_with_the_choices(make):
+    target, draft = _pair()
+    with pytest.raises(ValueError) as err:
+        make(target, draft, verifier="blocks")
+    assert all(word in str(err.value) for word in ("verifier", "'blocks'", "'token'", "'block'", "'match'"))
 
 
 @pytest.mark.slow

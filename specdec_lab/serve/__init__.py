@@ -7,8 +7,10 @@ from .engine import BatchEngine, BatchRecord, Sequence, make_sequence, run_to_co
 from .kv import PaddedBatchKV, PagedBatchKV
 from .policy import GoodputPolicy, KSchedule, measure_step_costs
 from .scheduler import Completion, Handle, RequestFailed, Server, StepError
-from .verify import num_accepted, verify_batch, verify_batch_reference
+from .verify import (BATCH_RULES, num_accepted, verify_batch, verify_batch_reference, verify_block_batch,
+                     verify_match_batch, verify_rows)
 
 __all__ = ["BatchEngine", "BatchRecord", "Sequence", "make_sequence", "run_to_completion", "PaddedBatchKV",
-           "PagedBatchKV", "num_accepted", "verify_batch", "verify_batch_reference", "Completion", "Handle",
+           "PagedBatchKV", "BATCH_RULES", "num_accepted", "verify_batch", "verify_batch_reference",
+           "verify_block_batch", "verify_match_batch", "verify_rows", "Completion", "Handle",
            "RequestFailed", "StepError", "Server", "GoodputPolicy", "KSchedule", "measure_step_costs"]

@@ -4,8 +4,8 @@ One step over the batch (the single engine's four steps, docs/design.md, done fo
   1. draft: one draft forward per drafted position, over the rows still drafting (k_b > i);
      the first feeds each row's pending tokens (ragged), the others one token per row;
   2. score: ONE target forward over every row's [c, d_1..d_{k_b}], padded to K+1 tokens;
-  3. verify on the device (verify.verify_batch) and read the padded verdict, with what the
-     step records keep beside it, in ONE host read for the whole batch;
+  3. verify on the device (verify.py: the token, block or exact-match rule, row by row) and read
+     the padded verdict, with what the step records keep beside it, in ONE host read for the whole batch;
   4. commit: row b keeps d_1..d_{n_b} and its next token, rolls its target cache back to
      [c, d_1..d_{n_b}], and its draft cache follows (the ModelDrafter invariant: the draft's
      cache holds every committed token except its pending ones).
@@ -36,7 +36,7 @@ from ..core.verify import pack_step, read_step
 from ..drafters.model import commit_draft
 from .forward import hidden
 from .kv import PagedBatchKV, PaddedBatchKV
-from .verify import num_accepted, verify_batch
+from .verify import batch_rule, num_accepted
 
 
 @dataclass
@@ -90,17 +90,17 @@ class BatchEngine:
     """The caches of a target and its draft for many sequences, and the batched step.
 
     kv="paged": blocks of `block_size` from pools of `num_blocks` (per model); kv="padded":
-    the contiguous twin with `max_rows` rows. `verifier`: a function with verify_batch's
-    signature (the tests pass broken ones)."""
+    the contiguous twin with `max_rows` rows. `verifier`: "token", "block" or "match" (verify.py),
+    or a function with verify_batch's signature (the tests pass broken ones)."""
 
     def __init__(self, target, draft=None, kv="paged", num_blocks=256, block_size=16, max_rows=16,
-                 max_seq_len=None, verifier=verify_batch):
+                 max_seq_len=None, verifier="token"):
         if kv not in ("paged", "padded"):
             raise ValueError(f"kv must be 'paged' or 'padded', got {kv!r}")
         if draft is not None and draft.cfg.vocab_size != target.cfg.vocab_size:
             raise ValueError(f"draft vocabulary ({draft.cfg.vocab_size}) differs from the target's "
                              f"({target.cfg.vocab_size}); the draft must share the target's tokenizer")
-        self.target, self.draft, self.verifier = target, draft, verifier
+        self.target, self.draft, self.verifier = target, draft, batch_rule(verifier)
         self.limits = model_positions(target, draft)
         self.max_seq_len = min([max_seq_len or target.cfg.max_seq_len, *self.limits.values()])
         if max_seq_len and max_seq_len > self.max_seq_len:
@@ -236,7 +236,7 @@ class BatchEngine:
         return self.target.head(hidden(self.target, view, tokens)).float()  # (B, K+1, V)
 
     def _draws(self, seqs, ks, drafts, qs, logits, K):
-        """The padded inputs of verify_batch; each row draws u then e from its own generator, as the
+        """The padded inputs of the verifier; each row draws u then e from its own generator, as the
         single engine does; a greedy row draws nothing (one-hot p and q, u = 0, e = 1)."""
         V, device = logits.shape[-1], logits.device
         D, P, Q, U, E = [], [], [], [], []

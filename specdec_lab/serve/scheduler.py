@@ -40,7 +40,6 @@ from ..core.sampling import make_generator
 from ..core.text import encode_prompt
 from ..paged import blocks_for
 from .engine import BatchEngine, BatchRecord, Sequence, model_positions
-from .verify import verify_batch
 
 
 class RequestFailed(RuntimeError):
@@ -135,10 +134,11 @@ class Server:
     every step (the metrics exporter's hook). `max_seq_len` above the target's or the draft's
     positions is sized down to them, with a warning. `keep_steps=False`: requests keep no StepRecords
     (their counts only). `fault_limit`: failed steps in a row before rows are stepped alone.
-    `history`: steps `k_history` remembers."""
+    `history`: steps `k_history` remembers. `verifier`: "token", "block", "match" or a function, as
+    BatchEngine takes it."""
 
     def __init__(self, target, draft=None, max_batch=8, num_blocks=None, block_size=16, max_seq_len=2048, k=4,
-                 tokenizer=None, on_batch=None, verifier=verify_batch, keep_steps=True, fault_limit=2,
+                 tokenizer=None, on_batch=None, verifier="token", keep_steps=True, fault_limit=2,
                  history=4096):
         for name, v, lo in (("max_batch", max_batch, 1), ("block_size", block_size, 1), ("max_seq_len", max_seq_len, 2),
                             ("fault_limit", fault_limit, 1), ("history", history, 1)):

@@ -28,23 +28,26 @@ from .host import host_reader
 
 
 def _ratios(draft_ids, p, q):
-    """p_i(d_i) / q_i(d_i), (K,), with 0 where q_i(d_i) = 0."""
-    idx = torch.arange(draft_ids.shape[0], device=p.device)
-    p_d, q_d = p[idx, draft_ids], q[idx, draft_ids]  # (K,)
+    """p_i(d_i) / q_i(d_i), (..., K), with 0 where q_i(d_i) = 0."""
+    d = draft_ids.unsqueeze(-1)  # (..., K, 1)
+    p_d = p[..., :d.shape[-2], :].gather(-1, d).squeeze(-1)  # (..., K)
+    q_d = q.gather(-1, d).squeeze(-1)  # (..., K)
     return torch.where(q_d > 0, p_d / q_d.clamp_min(1e-30), torch.zeros_like(p_d))
 
 
 def block_weights(draft_ids, p, q):
-    """P_0..P_K, (K+1,), and the thresholds h_1..h_K, (K,), on the device with no host read.
+    """P_0..P_K, (K+1,), and the thresholds h_1..h_K, (K,), on the device with no host read; with
+    leading batch dimensions, (..., K) ids give (..., K+1) and (..., K) (serve/verify.py's rows).
     P_i = min(P_{i-1} a_i, 1) is a clamped running product: with S_i = sum_{j<=i} log a_j and
     S_0 = 0, log P_i = S_i - max_{j<=i} S_j (by induction), a cumsum and a cummax."""
-    K = draft_ids.shape[0]
-    S = torch.cat([p.new_zeros(1), _ratios(draft_ids, p, q).log().cumsum(0)])  # (K+1,), -inf once a ratio is 0
-    P = (S - S.cummax(0).values).exp()  # (K+1,)
-    r = torch.clamp(P[1:K, None] * p[1:K] - q[1:K], min=0.0).sum(-1)  # (K-1,): r_1..r_{K-1}
-    denom = r + 1.0 - P[1:K]
-    h = torch.where(denom > 0, r / denom.clamp_min(1e-30), torch.ones_like(r))  # (K-1,)
-    return P, torch.cat([h, P[K:]])  # h_K = P_K
+    K = draft_ids.shape[-1]
+    log_a = _ratios(draft_ids, p, q).log()  # (..., K), -inf where a ratio is 0
+    S = torch.cat([log_a.new_zeros(log_a.shape[:-1] + (1,)), log_a.cumsum(-1)], -1)  # (..., K+1)
+    P = (S - S.cummax(-1).values).exp()  # (..., K+1)
+    r = torch.clamp(P[..., 1:K, None] * p[..., 1:K, :] - q[..., 1:K, :], min=0.0).sum(-1)  # (..., K-1): r_1..r_{K-1}
+    denom = r + 1.0 - P[..., 1:K]
+    h = torch.where(denom > 0, r / denom.clamp_min(1e-30), torch.ones_like(r))  # (..., K-1)
+    return P, torch.cat([h, P[..., K:]], -1)  # h_K = P_K
 
 
 def _next_dist(tau, P, p, q, K):

@@ -22,11 +22,12 @@ from .host import host_reader
 
 
 def target_tokens(p, u):
-    """The target's own draws t_1..t_K, (K,), from the rows p_1..p_K with the uniforms u (K,)."""
-    K = u.shape[0]
-    cdf = p[:K].cumsum(-1)  # (K, V)
-    t = torch.searchsorted(cdf, (u.to(cdf.dtype) * cdf[:, -1]).unsqueeze(-1), right=True)  # (K, 1)
-    return t.squeeze(-1).clamp_max(p.shape[-1] - 1)  # (K,)
+    """The target's own draws t_1..t_K, (K,), from the rows p_1..p_K with the uniforms u (K,); with
+    leading batch dimensions, (..., K) uniforms give (..., K) draws (serve/verify.py's rows)."""
+    K = u.shape[-1]
+    cdf = p[..., :K, :].cumsum(-1)  # (..., K, V)
+    t = torch.searchsorted(cdf, (u.to(cdf.dtype) * cdf[..., -1]).unsqueeze(-1), right=True)  # (..., K, 1)
+    return t.squeeze(-1).clamp_max(p.shape[-1] - 1)  # (..., K)
 
 
 def verify_match(draft_ids, p, q, u, e, greedy=False) -> torch.Tensor:
