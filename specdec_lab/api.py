@@ -32,6 +32,7 @@ from .paged import PagedSequenceCache
 from .verification import verify_block, verify_block_reference, verify_match, verify_match_reference
 
 CACHES = ("contiguous", "paged")
+PROPOSALS = ("sample", "argmax")  # propose= names: a draw from the draft's q, or its top token
 # verifier= names: core's token rule ("device", and its loop "reference"), and verification/'s rules
 VERIFIERS = {"device": "device", "reference": "reference", "block": verify_block,
              "block-reference": verify_block_reference, "match": verify_match, "match-reference": verify_match_reference}
@@ -104,12 +105,17 @@ class SpeculativeEngine(Engine):
     in blocks of `block_size` (paged/). The loop itself is core/engine.py's Engine. `verifier`:
     "device" (token by token, arXiv 2211.17192), "block" (arXiv 2403.10444) or "match" (exact
     match), each with its readable loop as "reference", "block-reference", "match-reference"
-    (verification/), or a function with core.verify.verify's signature.
+    (verification/), or a function with core.verify.verify's signature. `propose`: "sample" (a draw
+    from the draft's q) or "argmax" (its top token at any temperature, as llama.cpp and vLLM draft):
+    q is one-hot then, the true q of a deterministic draft, so every rule stays lossless with it
+    (docs/design.md, "Verification rules"; the bug is the soft q, pitfalls.GreedyDraftSampledQ).
     """
 
     def __init__(self, target, draft, k=4, max_seq_len=2048, cache="contiguous", block_size=16,
-                 verifier="device", tokenizer=None):
+                 verifier="device", tokenizer=None, propose="sample"):
         verifier = verifier_rule(verifier)
+        if propose not in PROPOSALS:
+            raise ValueError(f"propose must be one of {', '.join(map(repr, PROPOSALS))}, got {propose!r}")
         if isinstance(max_seq_len, bool) or not isinstance(max_seq_len, int) or max_seq_len < 2:
             raise ValueError(f"max_seq_len must be an int >= 2, got {max_seq_len!r}")
         if not (callable(target) and all(hasattr(target, a) for a in ("cfg", "device", "dtype", "new_cache"))):
@@ -127,7 +133,8 @@ class SpeculativeEngine(Engine):
         drafter = make_drafter(target, draft, capacity, factory, target_cache)
         if callable(getattr(drafter, "fit", None)) and (drafter.max_seq_len or capacity) < capacity:
             drafter.fit(capacity)  # a drafter built before its engine (LookupThenModelDrafter) takes the engine's size
-        super().__init__(target, drafter, k=k, cache=target_cache, verifier=verifier, tokenizer=tokenizer)
+        super().__init__(target, drafter, k=k, cache=target_cache, verifier=verifier, tokenizer=tokenizer,
+                         propose=propose)
         self.cache_kind, self.block_size = cache, block_size
 
 

@@ -183,8 +183,9 @@ ROWS = [  # prompt, K, temperature, top_p, top_k: one batch, every row different
 ]
 
 
-def _sample_rows(target, draft, verifier, n_batches, n_tokens=2):
-    engine = BatchEngine(target, draft, num_blocks=64, block_size=4, max_seq_len=32, verifier=verifier)
+def _sample_rows(target, draft, verifier, n_batches, n_tokens=2, propose="sample"):
+    engine = BatchEngine(target, draft, num_blocks=64, block_size=4, max_seq_len=32, verifier=verifier,
+                         propose=propose)
     counts = [Counter() for _ in ROWS]
     greedy = []
     for i in range(n_batches):
@@ -198,11 +199,13 @@ def _sample_rows(target, draft, verifier, n_batches, n_tokens=2):
     return counts, greedy
 
 
-@pytest.mark.parametrize("verifier", ["token", "block", "match"])
-def test_every_row_of_a_mixed_batch_is_distributed_as_its_target_and_a_broken_verifier_fails(small_pair, verifier):
+@pytest.mark.parametrize("verifier,propose", [("token", "sample"), ("block", "sample"), ("match", "sample"),
+                                              ("match", "argmax")])
+def test_every_row_of_a_mixed_batch_is_distributed_as_its_target_and_a_broken_verifier_fails(small_pair, verifier,
+                                                                                            propose):
     target, draft = small_pair
-    good, greedy = _sample_rows(target, draft, verifier, 1000)
-    bad, _ = _sample_rows(target, draft, BROKEN[verifier], 1000)
+    good, greedy = _sample_rows(target, draft, verifier, 1000, propose=propose)
+    bad, _ = _sample_rows(target, draft, BROKEN[verifier], 1000, propose=propose)
     assert len(set(greedy)) == 1, "a greedy row must give the same tokens in every batch"
     caught = 0
     for b, (prompt, k, t, tp, tk) in enumerate(ROWS):
@@ -214,18 +217,20 @@ def test_every_row_of_a_mixed_batch_is_distributed_as_its_target_and_a_broken_ve
     assert caught >= 2, f"the check did not catch {BROKEN[verifier].__name__} in the drafting rows"
 
 
-def test_greedy_rows_give_the_same_tokens_under_every_verifier():
+def test_greedy_rows_give_the_same_tokens_under_every_verifier_and_proposal():
     """Greedy output is unchanged by the rule: in a batch with sampled neighbours, every greedy row is
-    the target's own greedy decode under token, block and exact-match verification."""
+    the target's own greedy decode under token, block and exact-match verification, drafting either way."""
     target, draft = _pair()
     eos = target.cfg.eos_token_ids
     outputs = {}
     for verifier in ("token", "block", "match"):
-        engine = BatchEngine(target, draft, num_blocks=128, block_size=4, max_seq_len=128, verifier=verifier)
-        seqs = [make_sequence(p, 16, temperature=0.0 if b % 2 == 0 else 0.9, seed=b, k=k, eos_ids=eos)
-                for b, (p, k) in enumerate(zip(PROMPTS, [4, 2, 3, 1, 5]))]
-        run_to_completion(engine, seqs)
-        outputs[verifier] = [s.output for s in seqs[::2]]
+        for propose in ("sample", "argmax"):
+            engine = BatchEngine(target, draft, num_blocks=128, block_size=4, max_seq_len=128, verifier=verifier,
+                                 propose=propose)
+            seqs = [make_sequence(p, 16, temperature=0.0 if b % 2 == 0 else 0.9, seed=b, k=k, eos_ids=eos)
+                    for b, (p, k) in enumerate(zip(PROMPTS, [4, 2, 3, 1, 5]))]
+            run_to_completion(engine, seqs)
+            outputs[verifier, propose] = [s.output for s in seqs[::2]]
     base = [sl.autoregressive_generate(target, p, max_new_tokens=16).tokens for p in PROMPTS[::2]]
     assert all(out == base for out in outputs.values()), {key: out == base for key, out in outputs.items()}
 
@@ -251,11 +256,25 @@ def test_bad_engine_arguments_are_refused():
 
 
 @pytest.mark.parametrize("make", [BatchEngine, sl.Server], ids=["BatchEngine", "Server"])
-def test_a_bad_verifier_name_is_refused_with_the_choices(make):
+def test_bad_verifier_and_propose_names_are_refused_with_the_choices(make):
     target, draft = _pair()
     with pytest.raises(ValueError) as err:
         make(target, draft, verifier="blocks")
     assert all(word in str(err.value) for word in ("verifier", "'blocks'", "'token'", "'block'", "'match'"))
+    with pytest.raises(ValueError) as err:
+        make(target, draft, propose="top")
+    assert all(word in str(err.value) for word in ("propose", "'top'", "'sample'", "'argmax'"))
+
+
+def test_an_argmax_proposal_drafts_the_drafts_top_token_with_a_one_hot_q():
+    """propose="argmax" on a sampled row: the first step drafts the draft's greedy continuation, q(d) = 1."""
+    target, draft = _pair()
+    engine = BatchEngine(target, draft, num_blocks=64, block_size=4, max_seq_len=128, verifier="match",
+                         propose="argmax")
+    seq = make_sequence([5, 6, 7], 8, temperature=1.0, seed=3, k=4)
+    run_to_completion(engine, [seq])
+    assert seq.steps[0].drafted == sl.autoregressive_generate(draft, [5, 6, 7], max_new_tokens=4).tokens
+    assert all(q == 1.0 for r in seq.steps for q in r.q_draft)
 
 
 @pytest.mark.slow

@@ -4,7 +4,8 @@ The proofs: the vectorised rules equal their readable twins; the rules' math is 
 enumeration with fractions (every drafted block, every decision, every next token), and a broken
 variant of each is not; the vectorised code's samples pass a chi-square test against the exact
 target distribution where the broken variants' are rejected; the paper's binary example to the
-fraction; block >= token >= match in expected accepted tokens; greedy is unchanged by the rule.
+fraction; block >= token >= match in expected accepted tokens; greedy is unchanged by the rule; an
+argmax draft (q one-hot) is lossless under every rule, and its soft q breaks all but exact match.
 """
 import itertools
 import random
@@ -16,6 +17,7 @@ import torch
 
 import specdec_lab as sl
 from specdec_lab.core.verify import draw, verify, verify_reference
+from specdec_lab.lab import lossless, pitfalls
 from specdec_lab.verification import RULES, block_weights, verify_block, verify_match
 from specdec_lab.verification.block import _next_dist
 
@@ -141,6 +143,18 @@ def random_lm(rng, V, zeros=False, power=1):
     return lm
 
 
+def argmax_draft(rng, V):
+    """A deterministic draft: q one-hot at a token fixed at first use of each prefix."""
+    table = {}
+
+    def lm(prefix):
+        if prefix not in table:
+            top = rng.randrange(V)
+            table[prefix] = tuple(Fraction(int(x == top)) for x in range(V))
+        return table[prefix]
+    return lm
+
+
 def iid(dist):
     return lambda prefix: dist
 
@@ -186,6 +200,23 @@ def test_expected_accepted_block_token_match(seed):
     assert ideal(p, q, K, V) >= block >= token >= match
     if K == 1:
         assert block == token
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_with_an_argmax_draft_the_three_rules_are_lossless_and_keep_the_same(seed):
+    """A deterministic draft's q is one-hot at its token: then sum min(p, q) = sum q p = p(d), and the
+    token rule already keeps the best coupling's amount, so block = token = match = ideal."""
+    rng = random.Random(2000 + seed)
+    V, K = rng.choice([2, 3]), rng.choice([1, 2, 3])
+    p = random_lm(rng, V, zeros=seed % 2 == 0)
+    q = argmax_draft(rng, V)
+    want = target_joint(p, K, V)
+    kept = set()
+    for rule in ("token", "block", "match"):
+        dist, expected = exact_output(rule, p, q, K, V)
+        assert dist == want, rule
+        kept.add(expected)
+    assert kept == {ideal(p, q, K, V)}
 
 
 # ---- the code: twins, thresholds, samples ----
@@ -376,3 +407,49 @@ def test_bad_verifier_name_lists_the_choices():
         sl.SpeculativeEngine(target, draft, k=3, verifier="blocks")
     for name in ("device", "reference", "block", "block-reference", "match", "match-reference"):
         assert repr(name) in str(err.value)
+
+
+# ---- an argmax draft (propose="argmax", as llama.cpp and vLLM draft) ----
+
+SHAPE = dict(vocab_size=5, dim=16, n_heads=2, n_kv_heads=1, eos_token_ids=(10 ** 6,))  # never stops early
+
+
+@pytest.fixture(scope="module")
+def weak_pair():
+    target, draft = sl.tiny_model(3, **SHAPE), sl.tiny_model(4, **SHAPE)
+    with torch.no_grad():
+        draft.head.weight.mul_(0.3)  # a weak draft: rejections are common
+    return target, draft
+
+
+@pytest.mark.parametrize("verifier", ["match", "device", "block"])
+def test_an_argmax_draft_is_lossless_under_every_rule_and_a_soft_q_breaks_all_but_exact_match(weak_pair, verifier):
+    """An argmax draft is deterministic: its true q is one-hot at the drafted token, which the engine
+    hands the rules (q None), so each stays lossless (the token rule then keeps d with probability p(d),
+    as exact match does). The bug is reporting the soft q it did not draw from (pitfalls.GreedyDraftSampledQ):
+    the token and block rules divide by it and fail; exact match never reads q and passes."""
+    target, draft = weak_pair
+    probs = lossless.exact_sequence_probs(target, [1, 2], 2, temperature=1.0)
+    argmax = sl.SpeculativeEngine(target, draft, k=2, verifier=verifier, propose="argmax")
+    ok = lossless.chi_square_test(lossless.sample_sequences(argmax, [1, 2], 2, 1200), probs)
+    assert ok.pvalue > 1e-3, f"{verifier} with an argmax draft failed the lossless check (p = {ok.pvalue:.1e})"
+    soft = sl.SpeculativeEngine(target, pitfalls.GreedyDraftSampledQ(draft, 64), k=2, verifier=verifier)
+    soft_q = lossless.chi_square_test(lossless.sample_sequences(soft, [1, 2], 2, 1200), probs)
+    if verifier == "match":
+        assert soft_q.pvalue > 1e-3, f"exact match read q (p = {soft_q.pvalue:.1e})"
+    else:
+        assert soft_q.pvalue < 1e-6, f"the check did not catch the soft q under {verifier} (p = {soft_q.pvalue:.1e})"
+
+
+def test_an_argmax_proposal_drafts_the_top_token_with_a_one_hot_q(weak_pair):
+    target, draft = weak_pair
+    engine = sl.SpeculativeEngine(target, draft, k=3, verifier="match", propose="argmax")
+    res = engine.generate([1, 2], max_new_tokens=8, temperature=1.0, seed=0)
+    assert res.steps[0].drafted == sl.autoregressive_generate(draft, [1, 2], max_new_tokens=3).tokens
+    assert all(q == 1.0 for r in res.steps for q in r.q_draft), "q is one-hot at the drafted token"
+
+
+def test_bad_propose_name_lists_the_choices(weak_pair):
+    with pytest.raises(ValueError) as err:
+        sl.SpeculativeEngine(*weak_pair, k=3, verifier="match", propose="top")
+    assert all(word in str(err.value) for word in ("propose", "'top'", "'sample'", "'argmax'"))

@@ -129,14 +129,15 @@ class Engine:
     engine = Engine(target, drafter, k=4, cache=KVCache.for_model(target.cfg, 2048))
     `verifier="reference"` runs the readable loop (one sync per draft token) instead of the
     vectorised one, to compare; a function with verify's signature can be passed too (the
-    chapters pass broken ones). An adaptive-K controller (policies/) may be set as `controller`.
+    chapters pass broken ones). `propose="argmax"`: the drafter drafts greedily (its top token,
+    q one-hot) at any temperature. An adaptive-K controller (policies/) may be set as `controller`.
     """
 
-    def __init__(self, target, drafter, k=4, cache=None, verifier="device", tokenizer=None):
+    def __init__(self, target, drafter, k=4, cache=None, verifier="device", tokenizer=None, propose="sample"):
         check_k(k)
         if verifier not in ("device", "reference") and not callable(verifier):
             raise ValueError(f"verifier must be 'device', 'reference' or a function like verify, got {verifier!r}")
-        self.target, self.drafter, self.k, self.verifier = target, drafter, k, verifier
+        self.target, self.drafter, self.k, self.verifier, self.propose = target, drafter, k, verifier, propose
         self.cache = cache if cache is not None else target.new_cache(min(2048, target.cfg.max_seq_len))
         self.limits = {"the cache capacity (max_seq_len)": self.cache.capacity,  # what refuses a request
                        "the target's positions": target.cfg.max_seq_len}
@@ -214,7 +215,7 @@ class Engine:
         # 1. The drafter proposes d_1..d_k (perhaps fewer) with the q each was drawn from.
         t0 = time.perf_counter()
         if k > 0:
-            draft_ids, q = self.drafter.propose(k, sampling, g)
+            draft_ids, q = self.drafter.propose(k, sampling if self.propose == "sample" else SamplingConfig(), g)
         else:
             draft_ids, q = torch.empty(0, dtype=torch.long, device=device), None
         draft_ids = draft_ids.to(device)

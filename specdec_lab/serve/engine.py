@@ -91,16 +91,20 @@ class BatchEngine:
 
     kv="paged": blocks of `block_size` from pools of `num_blocks` (per model); kv="padded":
     the contiguous twin with `max_rows` rows. `verifier`: "token", "block" or "match" (verify.py),
-    or a function with verify_batch's signature (the tests pass broken ones)."""
+    or a function with verify_batch's signature (the tests pass broken ones). `propose`: "sample"
+    (each row's draft draws from its q) or "argmax" (its top token at any temperature, q one-hot:
+    lossless under every rule, as in the single engine, api.SpeculativeEngine)."""
 
     def __init__(self, target, draft=None, kv="paged", num_blocks=256, block_size=16, max_rows=16,
-                 max_seq_len=None, verifier="token"):
+                 max_seq_len=None, verifier="token", propose="sample"):
         if kv not in ("paged", "padded"):
             raise ValueError(f"kv must be 'paged' or 'padded', got {kv!r}")
         if draft is not None and draft.cfg.vocab_size != target.cfg.vocab_size:
             raise ValueError(f"draft vocabulary ({draft.cfg.vocab_size}) differs from the target's "
                              f"({target.cfg.vocab_size}); the draft must share the target's tokenizer")
-        self.target, self.draft, self.verifier = target, draft, batch_rule(verifier)
+        if propose not in ("sample", "argmax"):
+            raise ValueError(f"propose must be one of 'sample', 'argmax', got {propose!r}")
+        self.target, self.draft, self.verifier, self.propose = target, draft, batch_rule(verifier), propose
         self.limits = model_positions(target, draft)
         self.max_seq_len = min([max_seq_len or target.cfg.max_seq_len, *self.limits.values()])
         if max_seq_len and max_seq_len > self.max_seq_len:
@@ -223,7 +227,7 @@ class BatchEngine:
             forwards += 1
             for j, b in enumerate(rows):
                 s = seqs[b]
-                d, q = draft_token(logits[j], s.sampling, s.generator)
+                d, q = draft_token(logits[j], s.sampling if self.propose == "sample" else SamplingConfig(), s.generator)
                 drafts[b].append(d)
                 qs[b].append(q if q is not None else torch.zeros(V, device=d.device).scatter_(0, d.view(1), 1.0))
         return drafts, qs, forwards

@@ -134,12 +134,12 @@ class Server:
     every step (the metrics exporter's hook). `max_seq_len` above the target's or the draft's
     positions is sized down to them, with a warning. `keep_steps=False`: requests keep no StepRecords
     (their counts only). `fault_limit`: failed steps in a row before rows are stepped alone.
-    `history`: steps `k_history` remembers. `verifier`: "token", "block", "match" or a function, as
-    BatchEngine takes it."""
+    `history`: steps `k_history` remembers. `verifier` ("token", "block", "match" or a function) and
+    `propose` ("sample" or "argmax") go to the BatchEngine."""
 
     def __init__(self, target, draft=None, max_batch=8, num_blocks=None, block_size=16, max_seq_len=2048, k=4,
                  tokenizer=None, on_batch=None, verifier="token", keep_steps=True, fault_limit=2,
-                 history=4096):
+                 history=4096, propose="sample"):
         for name, v, lo in (("max_batch", max_batch, 1), ("block_size", block_size, 1), ("max_seq_len", max_seq_len, 2),
                             ("fault_limit", fault_limit, 1), ("history", history, 1)):
             if isinstance(v, bool) or not isinstance(v, int) or v < lo:
@@ -152,7 +152,7 @@ class Server:
         if isinstance(k, bool) or not (isinstance(k, int) and 0 <= k <= MAX_K or hasattr(k, "k_for")):
             raise ValueError(f"k must be an int in [0, {MAX_K}] or a policy with k_for(batch_size), got {k!r}")
         self.engine = BatchEngine(target, draft, "paged", num_blocks, block_size, max_seq_len=max_seq_len,
-                                  verifier=verifier)
+                                  verifier=verifier, propose=propose)
         self.max_batch, self.block_size, self.k = max_batch, block_size, k
         self.tokenizer = tokenizer or getattr(target, "tokenizer", None)
         self.on_batch, self.keep_steps, self.fault_limit = on_batch, keep_steps, fault_limit
