@@ -361,8 +361,10 @@ def cmd_bench(args):
     threads = args.threads if args.threads is not None else env_threads()
     given = {"num_prompts": args.prompts, "max_new_tokens": args.max_new_tokens, "threads": threads}
     cfg = PeerConfig(**{**(PEER_QUICK if args.quick else {}), **{k: v for k, v in given.items() if v is not None}})
+    llama_server_path(), vllm_python()  # both peers there, or one line saying how to set them up
     _say(f"bench --peer: {cfg.num_prompts} prompts x {cfg.max_new_tokens} tokens, {cfg.threads} thread(s); "
-         f"loading the pair, exporting the draft and starting four llama-servers first (about 30 s) ...")
+         f"loading the pair, exporting the drafts and starting five llama-servers and "
+         f"{6 if cfg.vllm_compiled else 3} vLLM servers first (minutes) ...")
     doc = run_peer_bench(cfg, log=_say)
     if not args.json:
         print(format_peer(doc))

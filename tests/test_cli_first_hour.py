@@ -304,10 +304,14 @@ def test_serve_equality_quick_is_quick():
 def test_peer_quick_is_quick_and_says_what_it_starts():
     from specdec_lab.bench.peer import llama_server_path
     llama_server_path()  # set-up builds it (tests/test_peer.py): missing, this fails here, saying how to build it
-    proc = run_cli("bench", "--peer", "--quick", "--json", timeout=420)
+    proc = run_cli("bench", "--peer", "--quick", "--json", timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads(proc.stdout.strip().splitlines()[-1])
     assert doc["config"]["num_prompts"] == 2 and doc["config"]["max_new_tokens"] == 16, doc["config"]
+    # the three engines side by side: the lab, llama.cpp and vLLM (eager), each draft in each
+    for name in ("lab_eagle3_k3", "llamacpp_eagle3_k3", "vllm_ar", "vllm_spec_k2", "vllm_eagle3_k3"):
+        assert doc["systems"][name]["tokens"] > 0, name
+    assert doc["systems"]["vllm_eagle3_k3"]["drafted"] > 0
     first = proc.stderr.strip().splitlines()[0]
     assert first.startswith("bench --peer: 2 prompts x 16 tokens, 1 thread(s)"), first
 

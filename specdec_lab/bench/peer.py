@@ -20,9 +20,9 @@ benchmark times its own calls; ratios have paired bootstrap intervals over the p
 float32, so the two targets' greedy answers may part; where they do, run.first_difference gives
 the float32 target's logit gap between the two tokens.
 """
+import contextlib
 import json
 import os
-import socket
 import subprocess
 import tempfile
 import time
@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 
 from ..analysis.timing import Clock
-from ..api import SpeculativeEngine, autoregressive_generate, load_default_pair
+from ..api import SpeculativeEngine, autoregressive_generate, load_default_pair, load_eagle3_draft
 from ..core.config import cache_dir
 from ..core.text import encode_prompt
 from ..cpu import QuantizedDecoding, SelfDraft
@@ -46,6 +46,8 @@ from ..train.acceptance import measure_step_costs
 from ..train.prompts import BENCH_PROMPTS
 from .run import BenchConfig, first_difference, ratio_interval, run_systems
 from .systems import System
+from .exports import engine_files
+from .vllm_server import VLLM_SOURCE, VllmServer, _free_port, counts_since
 
 LLAMA_CPP_SOURCE = "llama.cpp vendored in llama-cpp-python 0.3.36 (PyPI sdist)"
 
@@ -66,12 +68,6 @@ def exported_draft_gguf(dtype="f32") -> Path:
     if not out.exists() or out.stat().st_mtime < src.stat().st_mtime:
         export_gguf_draft(default_draft_dir(), ensure_gguf(), out, dtype)
     return out
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class LlamaServer:
@@ -146,7 +142,8 @@ class LlamaServer:
 
 # ----------------------------------------------------------------------------- the side-by-side run
 
-PEER_QUICK = {"num_prompts": 2, "max_new_tokens": 16}  # bench --peer --quick: every system, in seconds
+# bench --peer --quick: every system but vLLM's compiled path, on 2 prompts x 16 tokens
+PEER_QUICK = {"num_prompts": 2, "max_new_tokens": 16, "vllm_compiled": False}
 
 
 @dataclass
@@ -155,15 +152,21 @@ class PeerConfig:
     max_new_tokens: int = 64
     k: int = 2  # the token draft's K, for llama.cpp and the lab alike (the lab's best fixed K for it)
     self_k: int = 6  # the self-draft's K in the lab's best lossless system
+    eagle3_k: int = 3  # the EAGLE-3 draft's K, in every engine
     threads: int = 1
+    vllm: bool = True  # vLLM for CPU beside llama.cpp (.venv-vllm, `make peers`)
+    vllm_compiled: bool = True  # also vLLM's compiled CPU path (torch.compile), where it starts
 
     def __post_init__(self):
-        for name in ("num_prompts", "max_new_tokens", "k", "self_k", "threads"):
+        for name in ("num_prompts", "max_new_tokens", "k", "self_k", "eagle3_k", "threads"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {v!r}")
-        if self.k > 16 or self.self_k > 16:
-            raise ValueError(f"k and self_k must be at most 16, got {self.k} and {self.self_k}")
+        if max(self.k, self.self_k, self.eagle3_k) > 16:
+            raise ValueError(f"k, self_k and eagle3_k must be at most 16, got {self.k}, {self.self_k}, {self.eagle3_k}")
+        for name in ("vllm", "vllm_compiled"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
 
 
 def _server_system(name, label, server, k, timings):
@@ -175,6 +178,38 @@ def _server_system(name, label, server, k, timings):
         timings[name].append(out["timings"])
         return out["tokens"], None
     return System(name, label, run, k=k, own=False, drafts=k is not None)
+
+
+def _vllm_system(name, label, server, k, counts):
+    """A System whose calls go to a VllmServer; each call's speculative counters (the difference of
+    two scrapes of its /metrics) are appended to counts[name]."""
+    counts[name] = []
+
+    def run(ids, n, temperature, seed):
+        before = server.spec_counters() if k is not None else None
+        tokens = server.complete(ids, n)
+        if k is not None:
+            counts[name].append(counts_since(before, server.spec_counters()))
+        return tokens, None
+    return System(name, label, run, k=k, own=False, drafts=k is not None)
+
+
+def _start_vllm(stack, target_dir, specs, threads, modes, log) -> dict:
+    """{name: ready VllmServer} for every (spec, mode), started side by side, each stopped by `stack`;
+    one that does not start is left out with a line to `log`."""
+    pending = {}
+    for compiled in modes:
+        for name, spec in specs.items():
+            server = VllmServer(target_dir, spec, threads=threads, compiled=compiled)
+            stack.callback(server.__exit__)
+            pending[name + ("_compiled" if compiled else "")] = server.start()
+    ready = {}
+    for name, server in pending.items():
+        try:
+            ready[name] = server.wait_ready()
+        except RuntimeError as e:  # vLLM's compiled CPU path needs a compiler toolchain it may not find
+            log(f"vLLM {name} did not start: {str(e).splitlines()[0]}")
+    return ready
 
 
 def _lab_system(name, label, generate, k=None):
@@ -200,12 +235,34 @@ def run_peer_bench(cfg: PeerConfig, log=None) -> dict:
     spec = SpeculativeEngine(target, draft, k=cfg.k)
     spec_self = SpeculativeEngine(target, self_draft, k=cfg.self_k)
     quantized = QuantizedDecoding(self_draft)
-    timings = {}
-    log("starting four llama-servers (the target alone, with each exported draft, the draft alone) ...")
+    files = engine_files(log)
+    eagle3 = SpeculativeEngine(target, load_eagle3_draft(target), k=cfg.eagle3_k)
+    timings, counts, vllm_commands = {}, {}, {}
+    log("starting five llama-servers (the target alone, with each exported draft, the draft alone) ...")
     with LlamaServer(target_gguf, threads=cfg.threads) as ar_server, \
             LlamaServer(target_gguf, draft_gguf, cfg.k, threads=cfg.threads) as spec_server, \
             LlamaServer(target_gguf, draft_f16, cfg.k, threads=cfg.threads) as spec16_server, \
-            LlamaServer(draft_gguf, threads=cfg.threads) as draft_server:
+            LlamaServer(draft_gguf, threads=cfg.threads) as draft_server, \
+            LlamaServer(target_gguf, files["eagle3_gguf"], cfg.eagle3_k, threads=cfg.threads,
+                        spec_type="draft-eagle3") as eagle3_server, contextlib.ExitStack() as stack:
+        vllm_systems = []
+        if cfg.vllm:
+            specs = {"vllm_ar": None,
+                     f"vllm_spec_k{cfg.k}": {"method": "draft_model", "model": str(files["token_hf"]),
+                                            "num_speculative_tokens": cfg.k},
+                     f"vllm_eagle3_k{cfg.eagle3_k}": {"method": "eagle3", "model": str(files["eagle3_dir"]),
+                                                     "num_speculative_tokens": cfg.eagle3_k}}
+            modes = [False] + ([True] if cfg.vllm_compiled else [])
+            log(f"starting {len(specs) * len(modes)} vLLM servers side by side (minutes) ...")
+            for name, server in _start_vllm(stack, files["target_dir"], specs, cfg.threads, modes, log).items():
+                how = specs[name.removesuffix("_compiled")]
+                k = how and how["num_speculative_tokens"]
+                what = ("autoregressive" if how is None else "exported draft" if how["method"] == "draft_model"
+                        else "EAGLE-3 draft")
+                label = (f"vLLM{' compiled' if name.endswith('_compiled') else ''}, {what}"
+                         + (f", K = {k}" if k else "") + " (float32)")
+                vllm_systems.append(_vllm_system(name, label, server, k, counts))
+                vllm_commands[name] = server.command
         systems = [
             _lab_system("lab_ar", "lab, autoregressive", lambda ids, n: autoregressive_generate(target, ids, n)),
             _lab_system(f"lab_spec_k{cfg.k}", f"lab, shipped draft, K = {cfg.k}",
@@ -221,12 +278,17 @@ def run_peer_bench(cfg: PeerConfig, log=None) -> dict:
                            spec16_server, cfg.k, timings),
             _server_system("llamacpp_draft_alone", "llama.cpp, the exported draft alone (not the target)",
                            draft_server, None, timings),
-        ]
+            _lab_system(f"lab_eagle3_k{cfg.eagle3_k}", f"lab, EAGLE-3 draft, K = {cfg.eagle3_k}",
+                        lambda ids, n: eagle3.generate(ids, max_new_tokens=n), cfg.eagle3_k),
+            _server_system(f"llamacpp_eagle3_k{cfg.eagle3_k}", f"llama.cpp, EAGLE-3 draft, K = {cfg.eagle3_k}",
+                           eagle3_server, cfg.eagle3_k, timings),
+        ] + vllm_systems
         commands = {"llamacpp_ar": ar_server.command, f"llamacpp_spec_k{cfg.k}": spec_server.command,
-                    f"llamacpp_spec_k{cfg.k}_f16": spec16_server.command, "llamacpp_draft_alone": draft_server.command}
+                    f"llamacpp_spec_k{cfg.k}_f16": spec16_server.command, "llamacpp_draft_alone": draft_server.command,
+                    f"llamacpp_eagle3_k{cfg.eagle3_k}": eagle3_server.command, **vllm_commands}
         tallies = run_systems(systems, prompt_ids, bench_cfg, 0.0, Clock(target.device), log)
-    for t in timings.values():
-        del t[0]  # the warm-up call
+    for t in list(timings.values()) + list(counts.values()):
+        del t[:1]  # the warm-up call
     costs = measure_step_costs(target, draft, (cfg.k,), context=96, reps=10)  # the lab's c, for the same draft
 
     lab_ar, llama_ar = tallies["lab_ar"], tallies["llamacpp_ar"]
@@ -252,6 +314,15 @@ def run_peer_bench(cfg: PeerConfig, log=None) -> dict:
             row.update(command=commands[s.name], drafted=sum(x.get("draft_n", 0) for x in tm), accepted=accepted,
                        tokens_per_step=predicted / (predicted - accepted),
                        server_decode_tokens_per_second=1000 * predicted / sum(x["predicted_ms"] for x in tm))
+        elif s.name in counts:  # vLLM: its own counters
+            row["command"] = commands[s.name]
+            if s.k is not None:
+                c = counts[s.name]
+                drafts, accepted = sum(x["drafts"] for x in c), sum(x["accepted"] for x in c)
+                row.update(drafted=sum(x["draft_tokens"] for x in c), accepted=accepted,
+                           tokens_per_step=1 + accepted / drafts if drafts else None)
+            else:
+                row.update(tokens_per_step=1.0, drafted=0, accepted=0)
         else:
             row.update(tokens_per_step=t.tokens / t.steps, drafted=t.drafted, accepted=t.accepted)
         if s.name not in ("lab_ar", "llamacpp_draft_alone") and row["same_output_as_lab_ar"] < 1:
@@ -269,7 +340,8 @@ def run_peer_bench(cfg: PeerConfig, log=None) -> dict:
         "machine": {"cpus": os.cpu_count(), "threads_each": cfg.threads,
                     "note": "the project's shared machine: other jobs ran beside this one; ratios come from "
                             "one run, side by side, absolute speeds do not carry over"},
-        "peer": {"source": LLAMA_CPP_SOURCE, "target_gguf": target_gguf.name, "draft_gguf": draft_gguf.name,
+        "peer": {"source": LLAMA_CPP_SOURCE, "vllm": VLLM_SOURCE + " (the target's float32 folder)" if cfg.vllm else None,
+                 "target_gguf": target_gguf.name, "draft_gguf": draft_gguf.name,
                  "lab_target": str(ensure_default_target().name) + " (the Q4_1 GGUF expanded to float32)"},
         "prompts": {"set": "bench", "count": len(prompt_ids)},
         # c, a draft token's cost in target tokens: llama.cpp's from the two servers' decode rates, the

