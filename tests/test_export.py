@@ -139,6 +139,7 @@ def test_eagle3_folder_has_the_engines_names_and_config(exported):
     for folded in ("fc_norm", "norm_output", "norm_before_fc"):  # nothing the lab would have to fold
         assert not cfg.get(folded), folded
     assert cfg["norm_before_residual"] == lab["norm_before_residual"]
+    assert cfg["rope_theta"] == 100000.0, "the target's rotary base (under rope_parameters in its config)"
 
 
 def _engines_eagle3(w, cfg, embeds, fused, rope_theta):

@@ -32,7 +32,7 @@ from ..train.handwritten import HANDWRITTEN_PROMPTS
 from .exports import engine_files
 from .peer import LlamaServer
 from .run import first_difference
-from .vllm_server import VLLM_SOURCE, VllmServer, metric_families
+from .vllm_server import VLLM_SOURCE, VllmServer, counts_since, metric_families
 
 def acceptance(drafts, draft_tokens, accepted, accepted_per_pos=None) -> dict:
     """The shared figures from raw counts: tau = 1 + accepted / drafts, the accepted share of drafted

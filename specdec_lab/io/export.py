@@ -195,6 +195,12 @@ EAGLE3_RENAMES = {
 }
 
 
+def rope_theta(hf_config: dict) -> float:
+    """The rotary base of a Hugging Face config: top level in older files, under rope_parameters in
+    transformers 5's (SmolLM2's folder here: 100000)."""
+    return float(hf_config.get("rope_theta") or (hf_config.get("rope_parameters") or {}).get("rope_theta", 10000.0))
+
+
 def export_eagle3_vllm(draft_dir, target_dir, out_dir) -> Path:
     """The lab's EAGLE-3-style draft (drafters/eagle3.py) as the EAGLE-3 checkpoint vLLM loads
     (`speculative_config={"method": "eagle3", "model": FOLDER}`) and llama.cpp's
@@ -237,7 +243,7 @@ def export_eagle3_vllm(draft_dir, target_dir, out_dir) -> Path:
         "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama",
         "hidden_size": dim, "intermediate_size": tc["intermediate_size"], "num_hidden_layers": 1,
         "num_attention_heads": heads, "num_key_value_heads": kv_heads, "head_dim": head_dim,
-        "hidden_act": "silu", "rms_norm_eps": tc["rms_norm_eps"], "rope_theta": tc.get("rope_theta", 10000.0),
+        "hidden_act": "silu", "rms_norm_eps": tc["rms_norm_eps"], "rope_theta": rope_theta(tc),
         "max_position_embeddings": tc["max_position_embeddings"], "tie_word_embeddings": False,
         "vocab_size": tc["vocab_size"], "draft_vocab_size": len(ids), "target_hidden_size": dim,
         "norm_before_residual": bool(cfg.get("norm_before_residual", False)),
