@@ -32,7 +32,8 @@ def test_vllms_counters_are_read_by_name_and_position_and_differenced():
 
 def test_metric_families_are_read_with_their_type_and_label_names():
     text = METRICS.replace("# HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.\n",
-                           "# TYPE vllm:spec_decode_num_drafts counter\n"
+                           "# TYPE vllm:spec_decode_num_drafts_total counter\n"
+                           "# TYPE vllm:spec_decode_num_drafts_created gauge\n"
                            "# TYPE vllm:spec_decode_num_accepted_tokens_per_pos counter\n") + (
         "# TYPE vllm:e2e_request_latency_seconds histogram\n"
         'vllm:e2e_request_latency_seconds_bucket{engine="0",le="0.3",model_name="m"} 1.0\n'

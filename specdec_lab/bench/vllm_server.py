@@ -150,6 +150,15 @@ def parse_spec_counters(text: str) -> dict:
     return out
 
 
+def family_name(name, kind):
+    """A family's name as the lab's prometheus_client writes it: a counter without `_total` (vLLM's
+    own exposition names counters with it), and None for the `_created` timestamps beside each
+    counter and histogram, which no query reads."""
+    if name.endswith("_created"):
+        return None
+    return name.removesuffix("_total") if kind == "counter" else name
+
+
 def metric_families(text: str, prefix="vllm:") -> dict:
     """{family: {"type", "labels"}} of Prometheus text, for the families whose name starts with
     `prefix`: the type from its `# TYPE` line, the label names its samples carry (without a
@@ -158,7 +167,9 @@ def metric_families(text: str, prefix="vllm:") -> dict:
     for line in text.splitlines():
         m = re.match(r"^# TYPE (\S+) (\S+)$", line)
         if m and m.group(1).startswith(prefix):
-            families[m.group(1)] = m.group(2)
+            name = family_name(m.group(1), m.group(2))
+            if name is not None:
+                families[name] = m.group(2)
             continue
         m = re.match(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)\{([^}]*)\}", line)
         if m and m.group(1).startswith(prefix):
