@@ -60,7 +60,9 @@ def pytest_collection_finish(session):
 # Files that take minutes (a fixture, a subprocess or a browser), in the order `make test` starts them.
 # pytest-xdist hands each worker a whole file (--dist loadfile) in the collection's order; these go
 # first so that neither worker is left with one of them at the end while the other idles.
-LONG_FILES = ("tests/test_engines.py", "tests/test_bench.py", "tests/test_gpu_check.py", "tests/test_browser_demo.py",
+# tests/test_engines.py is not among them: its vLLM servers take more than a core while they start,
+# and early on they overlapped chapter 01's live bandwidth and FLOP/s measurement; it runs late.
+LONG_FILES = ("tests/test_bench.py", "tests/test_gpu_check.py", "tests/test_browser_demo.py",
               "tests/test_eagle3.py", "notebooks/06_engine_loop.ipynb", "tests/test_engine_default.py", "tests/test_distill.py")
 
 
