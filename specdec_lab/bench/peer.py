@@ -180,16 +180,14 @@ def _server_system(name, label, server, k, timings):
     return System(name, label, run, k=k, own=False, drafts=k is not None)
 
 
-def _vllm_system(name, label, server, k, counts):
-    """A System whose calls go to a VllmServer; each call's speculative counters (the difference of
-    two scrapes of its /metrics) are appended to counts[name]."""
-    counts[name] = []
-
+def _vllm_system(name, label, server, k, marks):
+    """A System whose calls go to a VllmServer. Its speculative counters are read once, after the
+    first call (run_systems' untimed warm-up), into marks[name]: the timed calls scrape nothing,
+    and run_peer_bench reads the counters again at the end."""
     def run(ids, n, temperature, seed):
-        before = server.spec_counters() if k is not None else None
         tokens = server.complete(ids, n)
-        if k is not None:
-            counts[name].append(counts_since(before, server.spec_counters()))
+        if k is not None and name not in marks:
+            marks[name] = (server, server.spec_counters())
         return tokens, None
     return System(name, label, run, k=k, own=False, drafts=k is not None)
 
@@ -237,7 +235,7 @@ def run_peer_bench(cfg: PeerConfig, log=None) -> dict:
     quantized = QuantizedDecoding(self_draft)
     files = engine_files(log)
     eagle3 = SpeculativeEngine(target, load_eagle3_draft(target), k=cfg.eagle3_k)
-    timings, counts, vllm_commands = {}, {}, {}
+    timings, marks, vllm_commands = {}, {}, {}
     log("starting five llama-servers (the target alone, with each exported draft, the draft alone) ...")
     with LlamaServer(target_gguf, threads=cfg.threads) as ar_server, \
             LlamaServer(target_gguf, draft_gguf, cfg.k, threads=cfg.threads) as spec_server, \
@@ -261,7 +259,7 @@ def run_peer_bench(cfg: PeerConfig, log=None) -> dict:
                         else "EAGLE-3 draft")
                 label = (f"vLLM{' compiled' if name.endswith('_compiled') else ''}, {what}"
                          + (f", K = {k}" if k else "") + " (float32)")
-                vllm_systems.append(_vllm_system(name, label, server, k, counts))
+                vllm_systems.append(_vllm_system(name, label, server, k, marks))
                 vllm_commands[name] = server.command
         systems = [
             _lab_system("lab_ar", "lab, autoregressive", lambda ids, n: autoregressive_generate(target, ids, n)),
@@ -287,8 +285,10 @@ def run_peer_bench(cfg: PeerConfig, log=None) -> dict:
                     f"llamacpp_spec_k{cfg.k}_f16": spec16_server.command, "llamacpp_draft_alone": draft_server.command,
                     f"llamacpp_eagle3_k{cfg.eagle3_k}": eagle3_server.command, **vllm_commands}
         tallies = run_systems(systems, prompt_ids, bench_cfg, 0.0, Clock(target.device), log)
-    for t in list(timings.values()) + list(counts.values()):
-        del t[:1]  # the warm-up call
+        counts = {name: counts_since(after_warmup, server.spec_counters())
+                  for name, (server, after_warmup) in marks.items()}
+    for t in timings.values():
+        del t[0]  # the warm-up call
     costs = measure_step_costs(target, draft, (cfg.k,), context=96, reps=10)  # the lab's c, for the same draft
 
     lab_ar, llama_ar = tallies["lab_ar"], tallies["llamacpp_ar"]
@@ -314,15 +314,11 @@ def run_peer_bench(cfg: PeerConfig, log=None) -> dict:
             row.update(command=commands[s.name], drafted=sum(x.get("draft_n", 0) for x in tm), accepted=accepted,
                        tokens_per_step=predicted / (predicted - accepted),
                        server_decode_tokens_per_second=1000 * predicted / sum(x["predicted_ms"] for x in tm))
-        elif s.name in counts:  # vLLM: its own counters
+        elif s.name in vllm_commands:  # vLLM: its own counters over the timed calls
             row["command"] = commands[s.name]
-            if s.k is not None:
-                c = counts[s.name]
-                drafts, accepted = sum(x["drafts"] for x in c), sum(x["accepted"] for x in c)
-                row.update(drafted=sum(x["draft_tokens"] for x in c), accepted=accepted,
-                           tokens_per_step=1 + accepted / drafts if drafts else None)
-            else:
-                row.update(tokens_per_step=1.0, drafted=0, accepted=0)
+            c = counts.get(s.name, {"drafts": 0, "draft_tokens": 0, "accepted": 0})
+            row.update(drafted=c["draft_tokens"], accepted=c["accepted"],
+                       tokens_per_step=1 + c["accepted"] / c["drafts"] if c["drafts"] else 1.0)
         else:
             row.update(tokens_per_step=t.tokens / t.steps, drafted=t.drafted, accepted=t.accepted)
         if s.name not in ("lab_ar", "llamacpp_draft_alone") and row["same_output_as_lab_ar"] < 1:
