@@ -19,6 +19,7 @@ from .bench.load import load_main
 from .bench.main import bench_main, env_threads
 from .cli import build_parser
 from .bench.engines import format_engine_acceptance, run_engine_acceptance
+from .bench.machine import format_profile, measure_machine, write_profile
 from .bench.peer import PEER_QUICK, PeerConfig, format_peer, llama_server_path, run_peer_bench
 from .bench.vllm_server import vllm_python
 from .bench.serve import ServeBenchConfig
@@ -356,6 +357,8 @@ def cmd_bench(args):
         return load_main(args, BENCH_PROMPTS, log=_say)
     if args.engines:
         return cmd_bench_engines(args)
+    if args.machine:
+        return cmd_bench_machine(args)
     if not args.peer:
         return bench_main(args)
     threads = args.threads if args.threads is not None else env_threads()
@@ -382,6 +385,16 @@ def cmd_bench_engines(args):
     if not args.json:
         print(format_engine_acceptance(doc))
     print(json.dumps(doc))
+
+
+def cmd_bench_machine(args):
+    """bench --machine: the machine profile (bench/machine.py) into docs/machine_profile.json."""
+    profile = measure_machine(log=_say)
+    path = write_profile(profile)
+    if not args.json:
+        print(format_profile(profile))
+        print(f"-> {path}")
+    print(json.dumps(profile))
 
 
 def cmd_serve(args):

@@ -101,6 +101,10 @@ def add_bench_parser(sub, common):
                         "sets both up): each engine's own acceptance counters against the lab's on the hand-written "
                         "held-out prompts, greedy, the token draft at K = 2 and the EAGLE-3 draft at K = 3; "
                         "--num-prompts (default 12), --max-new-tokens (default 64), --threads (default 1)")
+    b.add_argument("--machine", action="store_true",
+                   help="only the machine profile the chapters quote (bench/machine.py): bandwidth, float32 FLOP/s, "
+                        "the target's forward by rows and each shipped draft's c, into docs/machine_profile.json "
+                        "(about two minutes)")
     add_load_arguments(b)
     b.add_argument("--json", action="store_true", help="print only the JSON document")
 
