@@ -5,6 +5,7 @@ once (every node's decision depends on its own p, q, children and random numbers
 leaving a root must be distributed as the root's p. Medusa's typical acceptance, and Sequoia's rule
 with either renormalisation left out, must fail the same test.
 """
+import math
 import random
 
 import pytest
@@ -147,6 +148,65 @@ def test_medusas_typical_acceptance_fails_the_chi_square(rows):
     q = logits_to_probs(rows[1], 1.0)
     pvalue = chi_square_pvalue(forest_tokens(p, q, "typical", 2, seed=0), p)
     assert pvalue < 1e-6, f"the test has no power: typical acceptance passed (p-value {pvalue:.2e})"
+
+
+def typical_case(x, fill):
+    """A root whose one child (token 5) has target probability x; the rest is `fill` (V,) scaled to 1 - x."""
+    rest = fill.clone()
+    rest[5] = 0.0
+    p = rest / rest.sum() * (1 - x)
+    p[5] = x
+    entropy = -(p * p.log()).sum().item()
+    tree = Tree(torch.tensor([0, 5]), torch.tensor([-1, 0]), torch.tensor([0, 1]), 1)
+    return tree, torch.stack([p, p]), entropy
+
+
+def solve_threshold(fill, threshold_of):
+    """x with x == threshold_of(entropy of the case with child probability x), by bisection."""
+    lo, hi = 1e-4, 0.5
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if mid > threshold_of(typical_case(mid, fill)[2]):
+            hi = mid
+        else:
+            lo = mid
+    return (lo + hi) / 2
+
+
+@pytest.mark.parametrize("fill,which", [
+    (torch.tensor([60.0] + [1.0] * (V - 1)), "epsilon"),  # low entropy: min(0.09, 0.3 e^-H) = 0.09
+    (torch.ones(V), "delta e^-H"),  # near-uniform: min(0.09, 0.3 e^-H) = 0.3 e^-H, below 0.09
+], ids=["low-entropy", "high-entropy"])
+def test_typical_acceptance_uses_medusas_constants_in_their_roles(fill, which, monkeypatch):
+    """Medusa (medusa/model/utils.py, evaluate_posterior) accepts x when p(x) > min(epsilon, delta e^-H(p)),
+    epsilon = posterior_threshold = 0.09 and delta = posterior_alpha = 0.3. A child just above that threshold
+    is accepted and one just below is rejected, by the device rule and by the reference walk; with the two
+    constants swapped (min(0.3, 0.09 e^-H), always lower) the child just below would be accepted."""
+    from specdec_lab.tree import rules
+
+    def medusa(entropy):
+        return min(0.09, 0.3 * math.exp(-entropy))
+
+    x0 = solve_threshold(fill, medusa)
+    assert (x0 == pytest.approx(0.09, abs=1e-6)) == (which == "epsilon"), f"threshold {x0}: not the {which} case"
+    g = torch.Generator().manual_seed(0)
+    u, w = tree_draws(2, 1, g, "cpu")
+    verdicts = {}
+    for name, x in (("above", x0 * 1.01), ("below", x0 * 0.99)):
+        tree, p, entropy = typical_case(x, fill)
+        assert (x > medusa(entropy)) == (name == "above")
+        device = verify_tree(tree, p, "typical", u, w, width=1).tolist()[0]
+        path, _ = verify_tree_reference([-1, 0], [0, 5], p, None, "typical", u, w)
+        assert device == len(path) - 1, "the device rule and the reference walk disagree"
+        verdicts[name] = device
+        swapped = x > min(0.3, 0.09 * math.exp(-entropy))
+        assert swapped, "the swapped constants accept both children: the case must tell them apart"
+    assert verdicts == {"above": 1, "below": 0}, f"{which}: a child just above Medusa's threshold must be accepted, " \
+                                                 f"one just below rejected: {verdicts}"
+    monkeypatch.setattr(rules, "TYPICAL_EPS", 0.3)
+    monkeypatch.setattr(rules, "TYPICAL_DELTA", 0.09)
+    tree, p, _ = typical_case(x0 * 0.99, fill)
+    assert verify_tree(tree, p, "typical", u, w, width=1).tolist()[0] == 1, "swapped, the child just below is accepted"
 
 
 def broken_sampled(renormalise_residual, renormalise_q):

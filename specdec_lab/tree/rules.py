@@ -18,8 +18,10 @@ order:
   else r = norm(max(0, r - q)) and q = q with x_j removed, renormalised; if none is
   accepted, emit a draw from r. One child is the chain's rule (arXiv 2211.17192).
 - "typical" (Medusa's typical acceptance, arXiv 2401.10774): descend into the first child
-  with p_i(x) > min(eps, delta * exp(-H(p_i))), else emit y_i ~ p_i. NOT lossless: the
-  output is not distributed as p. It is here as the negative control the tests reject.
+  with p_i(x) > min(eps, delta * exp(-H(p_i))), H the entropy of p_i, eps = 0.09 a hard
+  threshold and delta = 0.3 = sqrt(eps) the entropy-scaled one (Medusa's posterior_threshold
+  and posterior_alpha defaults), else emit y_i ~ p_i. NOT lossless: the output is not
+  distributed as p. It is here as the negative control the tests reject.
 
 `verify_tree` makes these decisions for every node at once on the device (the rules'
 state is per node, so a loop over the child rank, not over nodes) and never reads a
@@ -35,7 +37,7 @@ import torch
 from .structure import Tree, ancestors
 
 RULES = ("greedy", "deterministic", "sampled", "typical")
-TYPICAL_EPS, TYPICAL_DELTA = 0.3, 0.09  # Medusa's posterior threshold and alpha (arXiv 2401.10774)
+TYPICAL_EPS, TYPICAL_DELTA = 0.09, 0.3  # Medusa's posterior_threshold and posterior_alpha (arXiv 2401.10774)
 
 
 def check_rule(rule):
