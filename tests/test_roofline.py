@@ -1,7 +1,5 @@
 """roofline.py: the speedup formula, bytes per token, the hardware table, intensity, and the measurements."""
-import json
 import math
-from pathlib import Path
 
 import pytest
 
@@ -250,14 +248,3 @@ def test_forward_rows_rounds_times_every_row_count_each_round_and_leaves_the_cac
     with pytest.raises(ValueError, match="rounds"):
         timing.forward_rows_rounds(model, [1], rounds=0)
 
-
-def test_the_stored_forward_rows_measurement_keeps_its_schema_and_its_ridge_point():
-    """docs/forward_rows.json (scripts/forward_rows.py) is what the chapters cite for the cost of
-    the engine's forward by row count: its keys, and ridge_rows read off its own ratios."""
-    data = json.loads((Path(__file__).resolve().parents[1] / "docs" / "forward_rows.json").read_text())
-    assert list(data) == ["rows", "ms_median", "ratio_to_one_row", "ridge_rows", "threads", "forward", "date"]
-    rows, ms, ratios = data["rows"], data["ms_median"], data["ratio_to_one_row"]
-    assert rows == sorted(rows) and rows[0] == 1 and len(ms) == len(ratios) == len(rows)
-    assert all(abs(r - m / ms[0]) < 2e-3 for r, m in zip(ratios, ms)), "ratios are each median over T = 1's"
-    assert data["ridge_rows"] == max(T for T, r in zip(rows, ratios) if r <= 1.25)
-    assert data["threads"] == 1
