@@ -453,3 +453,40 @@ def test_bad_propose_name_lists_the_choices(weak_pair):
     with pytest.raises(ValueError) as err:
         sl.SpeculativeEngine(*weak_pair, k=3, verifier="match", propose="top")
     assert all(word in str(err.value) for word in ("propose", "'top'", "'sample'", "'argmax'"))
+
+
+# ---- verification/expect.py: the expected figures of bench/rules.py, against the exact enumeration ----
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_expected_block_walk_equals_exact_enumeration_on_a_grid(seed):
+    """With each position's p and q the same whatever came before (the model of expect.py), the
+    grid walk of the block rule's chain gives what exact enumeration in fractions gives, within the
+    grid's error; the token and match products are exact."""
+    from specdec_lab.verification.expect import block_expected, chain_expected, rates
+    rng = random.Random(3000 + seed)
+    V, K = rng.choice([2, 3, 4]), rng.choice([2, 3])
+    rows = [[Fraction(rng.randint(1 if seed % 2 else 0, 9)) for _ in range(V)] for _ in range(2)]
+    rows[0][0] += 1  # p and q keep some mass on token 0
+    pd, qd = (tuple(x / sum(r) for x in r) for r in rows)
+    if min(qd) == 0:
+        qd = tuple((x + Fraction(1, 10)) / Fraction(10 + V, 10) for x in qd)
+    p, q = iid(pd), iid(qd)
+    pt = torch.tensor([[float(x) for x in pd]] * K, dtype=torch.float64)
+    qt = torch.tensor([[float(x) for x in qd]] * K, dtype=torch.float64)
+    beta, gamma, _ = rates(pt, qt)
+    assert chain_expected(beta)[-1] == pytest.approx(float(exact_output("token", p, q, K, V)[1]), abs=1e-12)
+    assert chain_expected(gamma)[-1] == pytest.approx(float(exact_output("match", p, q, K, V)[1]), abs=1e-12)
+    walk = block_expected(pt, qt)
+    assert walk[-1] == pytest.approx(float(exact_output("block", p, q, K, V)[1]), abs=3e-3)
+    assert walk[0] == pytest.approx(float(exact_output("token", p, q, 1, V)[1]), abs=3e-3)
+
+
+def test_the_expected_walk_reproduces_the_papers_binary_example():
+    from specdec_lab.verification.expect import expected_accepted
+    p = torch.tensor([[1 / 3, 2 / 3]] * 2, dtype=torch.float64)
+    q = torch.tensor([[2 / 3, 1 / 3]] * 2, dtype=torch.float64)
+    e = expected_accepted(p, q, (1, 2))
+    assert e["token"][2] == pytest.approx(10 / 9) and e["match"][2] == pytest.approx(4 / 9 + 16 / 81)
+    assert e["block"][2] == pytest.approx(11 / 9, abs=2e-3) and e["block"][1] == pytest.approx(2 / 3, abs=2e-3)
+    assert e["match_argmax"][2] == pytest.approx(1 / 3 + 1 / 9), "the top token of q is token 0, p(0) = 1/3"
