@@ -406,3 +406,23 @@ def test_default_pair_greedy_chat_equals_autoregressive_decoding_streamed_and_no
         _eventually(running, ("vllm:request_success_total", (("finished_reason", "stop"),)), 2)
     finally:
         running.stop()
+
+
+def test_ignore_eos_decodes_through_the_end_of_sequence_to_max_tokens():
+    """vLLM's ignore_eos, which its load generator sends with random prompts: a target whose first greedy
+    token is its EOS stops at once without it, and with it answers max_tokens tokens, the same as the
+    target with no EOS at all; a bad value is a 400 naming the field."""
+    prompt = [5, 6, 7]
+    first = _greedy(prompt, 1)[0]
+    target = sl.tiny_model(0, eos_token_ids=(first,))
+    running = Running(_service(target=target))
+    try:
+        body = {"model": "tiny", "prompt": prompt, "max_tokens": 12, "temperature": 0, "return_token_ids": True}
+        stopped = httpx.post(running.url + "/v1/completions", json=body).json()["choices"][0]
+        assert stopped["token_ids"] == [first] and stopped["finish_reason"] == "stop"
+        through = httpx.post(running.url + "/v1/completions", json=body | {"ignore_eos": True}).json()["choices"][0]
+        assert through["token_ids"] == _greedy(prompt, 12) and through["finish_reason"] == "length"
+        r = httpx.post(running.url + "/v1/completions", json=body | {"ignore_eos": "yes"})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "ignore_eos"
+    finally:
+        running.stop()

@@ -67,6 +67,7 @@ class Sample:
     end: float | None = None
     tokens: int = 0
     error: str | None = None
+    timings: dict | None = None  # llama-server's own timings of the request (draft_n, draft_n_accepted, ...)
 
 
 def run_load(cfg: LoadConfig, log=lambda text: None) -> dict:
@@ -98,7 +99,7 @@ async def _phase(http, cfg, model, drive) -> dict:
     samples = await drive(lambda i: _one(http, cfg, model, i))
     seconds = time.perf_counter() - t0
     after = await _spec_counters(http)
-    return summarize(samples, seconds) | {"acceptance": _acceptance(before, after)}
+    return summarize(samples, seconds) | {"acceptance": _acceptance(before, after) or _timed_acceptance(samples)}
 
 
 def _open_loop(rate, cfg):
@@ -149,6 +150,8 @@ async def _one(http, cfg, model, i) -> Sample:
                 chunks += got
                 if usage is not None:
                     s.tokens = usage
+                if line.startswith("data: {") and '"timings"' in line:
+                    s.timings = json.loads(line[6:]).get("timings")
     except (httpx.HTTPError, ValueError) as err:
         s.error = f"{type(err).__name__}: {err}"
     s.end = time.perf_counter()
@@ -221,6 +224,19 @@ def _acceptance(before, after) -> dict | None:
     return {"drafts": drafts, "accepted": accepted, "tau": 1 + accepted / drafts, "per_position": per_pos}
 
 
+def _timed_acceptance(samples) -> dict | None:
+    """tau from llama-server's per-request timings, where the server has no vLLM counters: each step is
+    one target forward that commits its accepted drafts and one token, so tau = predicted / steps."""
+    timed = [s.timings for s in samples if s.error is None and s.timings and "draft_n" in s.timings]
+    if not timed:
+        return None
+    predicted = sum(t["predicted_n"] for t in timed)
+    accepted = sum(t.get("draft_n_accepted", 0) for t in timed)
+    drafted = sum(t["draft_n"] for t in timed)
+    return {"source": "llama-server timings", "drafted": drafted, "accepted": accepted,
+            "tau": predicted / (predicted - accepted) if predicted > accepted else None, "per_position": []}
+
+
 def format_load(doc) -> str:
     lines = [f"bench --load: {doc['model']} at {doc['base_url']}, {doc['config']['max_tokens']} tokens a request",
              f"{'load':>16} {'ok':>5} {'TTFT p50/p99 s':>16} {'TPOT p50/p99 ms':>17} {'e2e p50/p99 s':>15} "
@@ -248,23 +264,43 @@ def add_load_arguments(b):
                    help="only an OpenAI-compatible server at --base-url under load (bench/load.py): Poisson "
                         "arrivals at --rates (default 0.5,1,2) and a closed loop at --concurrencies; TTFT, TPOT, "
                         "e2e p50/p99, tokens/s and, from its /metrics, tau; --max-new-tokens (default 64)")
-    b.add_argument("--base-url", help="--load: the server, e.g. http://127.0.0.1:8000 (no default: required)")
+    b.add_argument("--base-url", help="--load: the server, e.g. http://127.0.0.1:8000 (required unless --servers)")
+    b.add_argument("--servers", action="store_true",
+                   help="--load: start the lab's serve, llama-server and vLLM's server themselves, each plain and "
+                        "with the exported draft at K = 2, one thread each, and load each in turn "
+                        "(bench/load_servers.py; `make peers` sets the peers up); then vllm bench serve against "
+                        "the lab's service")
     b.add_argument("--concurrencies", help="--load: closed-loop clients, a comma list (default 1,2,4,8)")
-    b.add_argument("--load-requests", type=int, default=16, help="--load: requests per rate and per concurrency "
-                   "(default %(default)s)")
+    b.add_argument("--load-requests", type=int, help="--load: requests per rate and per concurrency "
+                   "(default 16; --servers 8)")
     b.add_argument("--api-key", help="--load: sent as Authorization: Bearer KEY (default: none)")
 
 
 def load_main(args, prompts, log):
     """bench --load from bench's parsed options: the table (unless --json), then one JSON line."""
+    if args.servers:
+        from .load_servers import ServersConfig, format_servers, run_servers
+        from .peer import llama_server_path
+        from .vllm_server import vllm_python
+        llama_server_path(), vllm_python()  # both peers there, or one line saying how to set them up
+        given = {"rates": args.rates and _floats("--rates", args.rates), "requests": args.load_requests,
+                 "concurrencies": args.concurrencies and tuple(int(c) for c in _floats("--concurrencies",
+                                                                                       args.concurrencies)),
+                 "max_tokens": args.max_new_tokens, "num_prompts": args.prompts, "threads": args.threads}
+        doc = run_servers(ServersConfig(**{k: v for k, v in given.items() if v is not None}), log=log)
+        if not args.json:
+            print(format_servers(doc))
+        print(json.dumps(doc))
+        return
     if not args.base_url:
-        raise ValueError("bench --load needs --base-url, the server's address (e.g. http://127.0.0.1:8000)")
+        raise ValueError("bench --load needs --base-url, the server's address (e.g. http://127.0.0.1:8000), "
+                         "or --servers")
     rates = _floats("--rates", args.rates) if args.rates is not None else LoadConfig.rates
     clients = (tuple(int(c) for c in _floats("--concurrencies", args.concurrencies)) if args.concurrencies
                else LoadConfig.concurrencies)
     cfg = LoadConfig(base_url=args.base_url, prompts=list(prompts[:args.prompts or len(prompts)]),
                      max_tokens=args.max_new_tokens or 64, rates=rates, concurrencies=clients,
-                     requests=args.load_requests, api_key=args.api_key)
+                     requests=args.load_requests or 16, api_key=args.api_key)
     doc = run_load(cfg, log=log)
     if not args.json:
         print(format_load(doc))

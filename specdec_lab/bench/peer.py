@@ -79,16 +79,17 @@ class LlamaServer:
 
     SPEC_TYPES = ("draft-simple", "draft-eagle3")
 
-    def __init__(self, model, draft=None, k=None, threads=1, ctx=2048, spec_type="draft-simple"):
+    def __init__(self, model, draft=None, k=None, threads=1, ctx=2048, spec_type="draft-simple", parallel=1):
         if draft is not None and (isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= 16):
             raise ValueError(f"k must be an int in [1, 16] with a draft, got {k!r}")
         if spec_type not in self.SPEC_TYPES:
             raise ValueError(f"spec_type must be one of {self.SPEC_TYPES}, got {spec_type!r}")
-        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-            raise ValueError(f"threads must be an int >= 1, got {threads!r}")
+        for name, v in (("threads", threads), ("parallel", parallel)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {v!r}")
         self.port = _free_port()
         self.command = [str(llama_server_path()), "-m", str(model), "-t", str(threads), "-tb", str(threads),
-                        "-c", str(ctx), "-np", "1", "--host", "127.0.0.1", "--port", str(self.port), "--no-ui"]
+                        "-c", str(ctx), "-np", str(parallel), "--host", "127.0.0.1", "--port", str(self.port), "--no-ui"]
         if draft is not None:
             self.command += ["-md", str(draft), "--spec-type", spec_type, "--spec-draft-n-max", str(k),
                              "--spec-draft-n-min", "0", "--spec-draft-p-min", "0", "-td", str(threads),

@@ -174,8 +174,9 @@ class Server:
     # -- requests ------------------------------------------------------------------
 
     def submit(self, prompt, max_new_tokens=64, temperature=0.0, top_p=1.0, top_k=0, seed=None, k=None,
-               on_step=None) -> Handle:
-        """Queue a request; bad input raises ValueError here and queues nothing."""
+               on_step=None, ignore_eos=False) -> Handle:
+        """Queue a request; bad input raises ValueError here and queues nothing. ignore_eos decodes
+        through the model's end-of-sequence tokens to max_new_tokens (a load test's fixed lengths)."""
         target = self.engine.target
         ids = encode_prompt(self.tokenizer, prompt)
         check_token_ids(ids, target.cfg.vocab_size)
@@ -185,6 +186,8 @@ class Server:
             raise ValueError(f"k must be None (the server's) or an int in [0, {MAX_K}], got {k!r}")
         if on_step is not None and not callable(on_step):
             raise ValueError(f"on_step must be None or a function (handle, new_tokens), got {on_step!r}")
+        if not isinstance(ignore_eos, bool):
+            raise ValueError(f"ignore_eos must be True or False, got {ignore_eos!r}")
         need = len(ids) + max_new_tokens + MAX_K + 1
         if need > self.engine.max_seq_len:
             raise ValueError(f"prompt ({len(ids)} tokens) + max_new_tokens ({max_new_tokens}) + lookahead "
@@ -194,8 +197,9 @@ class Server:
         if blocks_for(need, self.block_size) > pool:
             raise ValueError(f"max_new_tokens ({max_new_tokens}): the request needs up to "
                              f"{blocks_for(need, self.block_size)} blocks alone, the pool has {pool}")
+        eos = () if ignore_eos else tuple(target.cfg.eos_token_ids)
         seq = Sequence(ids, SamplingConfig(temperature, top_k, top_p), make_generator(seed, target.device),
-                       max_new_tokens, tuple(target.cfg.eos_token_ids), keep_steps=self.keep_steps)
+                       max_new_tokens, eos, keep_steps=self.keep_steps)
         handle = Handle(self, self._next_id, seq, on_step, MAX_K if k is None else k)
         self._next_id += 1
         handle.submit_time = _now()

@@ -34,9 +34,9 @@ def bad(param, message, code=None) -> ApiError:
 # Fields accepted only at the value that asks for nothing (what an SDK or a load generator may send anyway).
 NEUTRAL = {"frequency_penalty": (0, 0.0), "presence_penalty": (0, 0.0), "logprobs": (None, False),
            "echo": (False,), "best_of": (None, 1), "logit_bias": (None, {}), "suffix": (None,), "top_logprobs": (None,),
-           "ignore_eos": (False,), "repetition_penalty": (1, 1.0), "tools": (None, []), "tool_choice": (None, "none")}
+           "repetition_penalty": (1, 1.0), "tools": (None, []), "tool_choice": (None, "none")}
 COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "n", "stream", "stream_options",
-          "user", "return_token_ids"}
+          "user", "return_token_ids", "ignore_eos"}
 FIELDS = {False: COMMON | {"prompt"}, True: COMMON | {"messages", "max_completion_tokens"}}
 LOOKAHEAD = MAX_K + 1  # positions a step may write past the answer (the server's own check counts them)
 
@@ -47,7 +47,7 @@ class GenRequest:
     chat: bool
     ids: list
     max_tokens: int
-    sampling: dict  # temperature, top_p, top_k, seed: Server.submit's keywords
+    sampling: dict  # temperature, top_p, top_k, seed, ignore_eos: Server.submit's keywords
     stop: list = field(default_factory=list)
     stream: bool = False
     include_usage: bool = False
@@ -182,7 +182,9 @@ def _sampling(body) -> dict:
     seed = body.get("seed")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not -2**63 <= seed < 2**63):
         raise bad("seed", f"seed must be an int in [-2^63, 2^63) or null, got {seed!r}")
-    return {"temperature": float(t), "top_p": float(top_p), "top_k": max(top_k, 0), "seed": seed}
+    # ignore_eos (vLLM's extension): decode through EOS to max_tokens, as load generators ask for fixed lengths
+    return {"temperature": float(t), "top_p": float(top_p), "top_k": max(top_k, 0), "seed": seed,
+            "ignore_eos": _bool(body, "ignore_eos", False)}
 
 
 def _number(body, name, default, lo, hi):
