@@ -19,6 +19,8 @@ from .bench.load import load_main
 from .bench.main import bench_main, env_threads
 from .cli import build_parser
 from .bench.engines import format_engine_acceptance, run_engine_acceptance
+from .bench.load import _floats as parse_floats
+from .bench.load_servers import ServersConfig, format_servers, run_servers
 from .bench.machine import format_profile, measure_machine, write_profile
 from .bench.peer import PEER_QUICK, PeerConfig, format_peer, llama_server_path, run_peer_bench
 from .bench.vllm_server import vllm_python
@@ -353,6 +355,8 @@ def cmd_prompts(args):
 
 
 def cmd_bench(args):
+    if args.load and args.servers:
+        return cmd_bench_servers(args)
     if args.load:
         return load_main(args, BENCH_PROMPTS, log=_say)
     if args.engines:
@@ -384,6 +388,19 @@ def cmd_bench_engines(args):
     doc = run_engine_acceptance(num_prompts=n, max_new_tokens=tokens, threads=threads, log=_say)
     if not args.json:
         print(format_engine_acceptance(doc))
+    print(json.dumps(doc))
+
+
+def cmd_bench_servers(args):
+    """bench --load --servers: the lab's service, llama-server and vLLM's server under one load (bench/load_servers.py)."""
+    llama_server_path(), vllm_python()  # both peers there, or one line saying how to set them up
+    given = {"rates": args.rates and parse_floats("--rates", args.rates), "requests": args.load_requests,
+             "concurrencies": args.concurrencies and tuple(int(c) for c in parse_floats("--concurrencies",
+                                                                                        args.concurrencies)),
+             "max_tokens": args.max_new_tokens, "num_prompts": args.prompts, "threads": args.threads}
+    doc = run_servers(ServersConfig(**{k: v for k, v in given.items() if v is not None}), log=_say)
+    if not args.json:
+        print(format_servers(doc))
     print(json.dumps(doc))
 
 

@@ -2,6 +2,8 @@
 (a Hugging Face folder) and llama.cpp (a GGUF), the EAGLE-3 draft as the engines' checkpoint and its
 GGUF (llama.cpp's converter), and the target as a float32 GGUF (llama.cpp's converter), so that
 llama.cpp computes the lab's target and not its Q4_1 file."""
+import fcntl
+
 from ..core.config import cache_dir
 from ..drafters.eagle3 import shipped_eagle3_draft_dir
 from ..io.assets import ensure_default_target, ensure_gguf
@@ -15,7 +17,17 @@ def engine_files(log=None) -> dict:
     the engines' checkpoint (vLLM) and its GGUF (llama.cpp's converter), and the target as a
     float32 GGUF (llama.cpp's converter)."""
     log = log or (lambda s: None)
-    out, target_dir = cache_dir() / "export", ensure_default_target()
+    target_dir = ensure_default_target()
+    with open(cache_dir() / ".engine_files.lock", "a") as lock:  # two processes would write the same files
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            return _engine_files(target_dir, log)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _engine_files(target_dir, log) -> dict:
+    out = cache_dir() / "export"
     files = {"target_dir": target_dir, "token_hf": out / "specdec_lab_draft_hf", "token_gguf": out / "specdec_lab_draft.f32.gguf",
              "eagle3_dir": out / "specdec_lab_eagle3", "eagle3_gguf": out / "specdec_lab_eagle3.f32.gguf",
              "target_gguf": out / "target.f32.gguf"}

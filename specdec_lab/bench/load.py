@@ -264,7 +264,8 @@ def add_load_arguments(b):
                    help="only an OpenAI-compatible server at --base-url under load (bench/load.py): Poisson "
                         "arrivals at --rates (default 0.5,1,2) and a closed loop at --concurrencies; TTFT, TPOT, "
                         "e2e p50/p99, tokens/s and, from its /metrics, tau; --max-new-tokens (default 64)")
-    b.add_argument("--base-url", help="--load: the server, e.g. http://127.0.0.1:8000 (required unless --servers)")
+    b.add_argument("--base-url", help="--load: the server, e.g. http://127.0.0.1:8000 (no default: required unless "
+                   "--servers)")
     b.add_argument("--servers", action="store_true",
                    help="--load: start the lab's serve, llama-server and vLLM's server themselves, each plain and "
                         "with the exported draft at K = 2, one thread each, and load each in turn "
@@ -278,20 +279,6 @@ def add_load_arguments(b):
 
 def load_main(args, prompts, log):
     """bench --load from bench's parsed options: the table (unless --json), then one JSON line."""
-    if args.servers:
-        from .load_servers import ServersConfig, format_servers, run_servers
-        from .peer import llama_server_path
-        from .vllm_server import vllm_python
-        llama_server_path(), vllm_python()  # both peers there, or one line saying how to set them up
-        given = {"rates": args.rates and _floats("--rates", args.rates), "requests": args.load_requests,
-                 "concurrencies": args.concurrencies and tuple(int(c) for c in _floats("--concurrencies",
-                                                                                       args.concurrencies)),
-                 "max_tokens": args.max_new_tokens, "num_prompts": args.prompts, "threads": args.threads}
-        doc = run_servers(ServersConfig(**{k: v for k, v in given.items() if v is not None}), log=log)
-        if not args.json:
-            print(format_servers(doc))
-        print(json.dumps(doc))
-        return
     if not args.base_url:
         raise ValueError("bench --load needs --base-url, the server's address (e.g. http://127.0.0.1:8000), "
                          "or --servers")
