@@ -107,8 +107,8 @@ class LlamaServer:
                 with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=5) as r:
                     if r.status == 200:
                         return self
-            except (urllib.error.URLError, ConnectionError):
-                pass  # still loading the model
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass  # still loading the model (on a busy machine /health itself may time out)
             time.sleep(0.2)
         self.__exit__()
         raise RuntimeError(f"llama-server did not become healthy in 120 s:\n{self._log_tail()}")
