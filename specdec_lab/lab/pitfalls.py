@@ -11,6 +11,18 @@ Verification (chapter 02), measured with lab/lossless.py's chi-square test:
 - `GreedyDraftSampledQ`: the draft proposes its argmax but reports its softmax
   as q. The acceptance rule assumes d ~ q; a greedy draft's real q is one-hot.
 
+The acceptance rule (chapter 14), each twice: in fractions for lossless.exact_step_output,
+and with core.verify.verify's signature for the engine and lossless.sample_step_outputs:
+- `exact_block_ratio_test` / `verify_block_ratio_test`: block verification with the token
+  rule's per-token test u_i < min(1, p_i(d_i) / q_i(d_i)) in place of the block's threshold
+  h_i, still keeping the largest i that passes. A later pass then overrides an earlier
+  failure without the mass the block's h_i accounts for.
+- `exact_block_unscaled_residual` / `verify_block_unscaled_residual`: the block rule's tests,
+  with the next token drawn from max(p - q, 0) instead of max(P_tau p - q, 0).
+- `exact_match_any_positive` / `verify_match_any_positive`: "exact match" that keeps a
+  drafted token whenever the target gives it any probability, instead of comparing it with
+  the target's own draw.
+
 The KV cache (chapter 03), the rollback of the Rust article "Speculative Decoding
 in Custom LLM Servicing: Implementing Draft Models in Rust" (docs/design.md lists
 its pitfalls):
@@ -32,6 +44,8 @@ from ..core.kv_cache import KVCache
 from ..core.sampling import logits_to_probs
 from ..core.verify import draw, verify
 from ..drafters import ModelDrafter
+from ..verification import block_weights
+from . import lossless
 
 
 def verify_resample_from_p(draft_ids, p, q, u, e, greedy=False):
@@ -57,6 +71,72 @@ class GreedyDraftSampledQ(ModelDrafter):
             qs.append(q)
             x = d.view(1, 1)
         return torch.stack(ids), torch.stack(qs)
+
+
+def exact_block_ratio_test(p_rows, q_rows, drafts):
+    """Bug (fractions): the block rule with h_i = min(1, p_i(d_i) / q_i(d_i)), the token rule's test."""
+    P, _ = lossless.block_thresholds(p_rows, q_rows, drafts)
+    h = [min(p_rows[i][x] / q_rows[i][x], 1) for i, x in enumerate(drafts)]
+    return lossless.block_outcomes(P, h, p_rows, q_rows)
+
+
+def exact_block_unscaled_residual(p_rows, q_rows, drafts):
+    """Bug (fractions): the block rule's tests, the next token from max(p - q, 0) without P_tau."""
+    P, h = lossless.block_thresholds(p_rows, q_rows, drafts)
+    return lossless.block_outcomes(P, h, p_rows, q_rows, scaled=False)
+
+
+def exact_match_any_positive(p_rows, q_rows, drafts):
+    """Bug (fractions): keeps d_i whenever p_i(d_i) > 0; after a token with p = 0, a draw from p_i."""
+    K, out, alive = len(drafts), [], lossless.Fraction(1)
+    for i, x in enumerate(drafts):
+        keep = 1 if p_rows[i][x] > 0 else 0
+        out.append((i, p_rows[i], alive * (1 - keep)))
+        alive *= keep
+    return out + [(K, p_rows[K], alive)]
+
+
+def _block_next(tau, P, p, q, K):
+    """The token after a block verdict tau (1,): the bonus from p_{K+1} at tau = K, else a draw from
+    max(P_tau p_{tau+1} - q_{tau+1}, 0) (p_{tau+1} where that is all zeros); P is (K+1,)."""
+    p_row = p.index_select(0, tau)[0]
+    q_row = q.index_select(0, tau.clamp(max=K - 1))[0]
+    residual = torch.clamp(P.index_select(0, tau)[0] * p_row - q_row, min=0.0)
+    return torch.where((tau == K) | (residual.sum() <= 0), p_row, residual)
+
+
+def _block_verdict(h, P, p, q, u, e):
+    K = h.shape[0]
+    passed = (u < h).long() * torch.arange(1, K + 1, device=p.device)
+    tau = torch.cat([passed, passed.new_zeros(1)]).max().view(1)  # the largest i that passed
+    return torch.cat([tau, draw(_block_next(tau, P, p, q, K), e).view(1)])
+
+
+def verify_block_ratio_test(draft_ids, p, q, u, e, greedy=False):
+    """Bug: block verification with the token rule's test u_i < min(1, p_i(d_i) / q_i(d_i)) in place of h_i."""
+    if greedy or q is None:
+        return verify(draft_ids, p, q, u, e, greedy=greedy)
+    P, _ = block_weights(draft_ids, p, q)
+    idx = torch.arange(draft_ids.shape[0], device=p.device)
+    h = (p[idx, draft_ids] / q[idx, draft_ids].clamp_min(1e-30)).clamp(max=1.0)
+    return _block_verdict(h, P, p, q, u, e)
+
+
+def verify_block_unscaled_residual(draft_ids, p, q, u, e, greedy=False):
+    """Bug: block verification's tests, the next token drawn from max(p - q, 0) without the weight P_tau."""
+    if greedy or q is None:
+        return verify(draft_ids, p, q, u, e, greedy=greedy)
+    P, h = block_weights(draft_ids, p, q)
+    return _block_verdict(h, torch.ones_like(P), p, q, u, e)
+
+
+def verify_match_any_positive(draft_ids, p, q, u, e, greedy=False):
+    """Bug: keeps a drafted token whenever the target gives it p > 0, not only when it equals the target's draw."""
+    if greedy:
+        return verify(draft_ids, p, q, u, e, greedy=True)
+    K = draft_ids.shape[0]
+    n = (p[torch.arange(K, device=p.device), draft_ids] > 0).long().cumprod(0).sum().view(1)
+    return torch.cat([n, draw(p.index_select(0, n)[0], e).view(1)])
 
 
 class OffByOneDraftCache(ModelDrafter):
