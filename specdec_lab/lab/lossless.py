@@ -23,6 +23,7 @@ The same probabilities, temperature, top-k and top-p must be used on both sides:
 speculative sampling is lossless with respect to the target's processed p.
 """
 import itertools
+import random
 from collections import Counter
 from dataclasses import dataclass
 from fractions import Fraction
@@ -132,13 +133,16 @@ def iid_lm(dist):
     return lambda prefix: dist
 
 
-def random_fraction_lm(rng, V, zeros=False, power=1):
-    """A toy model with a distribution per prefix, drawn at its first use from `rng` (random.Random):
-    integer weights 1..9 (0..9 with `zeros`), raised to `power` (a larger power, a more peaked model)."""
+def random_fraction_lm(seed, V, zeros=False, power=1):
+    """A toy model with a distribution per prefix, the same whatever order the prefixes are asked in:
+    integer weights 1..9 (0..9 with `zeros`) drawn by random.Random(f"{seed}:{prefix}"), raised to
+    `power` (a larger power, a more peaked model)."""
     table = {}
 
     def lm(prefix):
+        prefix = tuple(prefix)
         if prefix not in table:
+            rng = random.Random(f"{seed}:{prefix}")
             w = [rng.randint(0 if zeros else 1, 9) ** power for _ in range(V)]
             if sum(w) == 0:
                 w[rng.randrange(V)] = 1
