@@ -47,8 +47,9 @@ peer: $(STAMP)
 vllm:
 	bash scripts/setup_vllm.sh
 
+# JupyterLab refuses to start as root unless told to (containers often run as root).
 lab: setup
-	$(VENV)/bin/jupyter lab notebooks/
+	$(VENV)/bin/jupyter lab notebooks/ $$(test "$$(id -u)" = 0 && echo --allow-root)
 
 # The library's tests, then every notebook executed and compared by nbval, in two worker processes
 # (pytest-xdist, one per core). --dist loadfile sends each file whole to one worker: a notebook's
