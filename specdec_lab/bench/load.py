@@ -77,7 +77,9 @@ def run_load(cfg: LoadConfig, log=lambda text: None) -> dict:
 
 async def _run(cfg, log):
     headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=max(cfg.concurrencies, default=1))
+    # a fresh connection per request: llama-server closes idle kept-alive connections, and a request sent on
+    # one that was just closed fails with "Server disconnected" (2 of 8 did, in one phase, before this)
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=0)
     async with httpx.AsyncClient(base_url=cfg.base_url.rstrip("/"), headers=headers, limits=limits,
                                  timeout=cfg.timeout) as http:
         model = cfg.model or (await http.get("/v1/models")).raise_for_status().json()["data"][0]["id"]
