@@ -49,3 +49,21 @@ def test_expected_figures_order_the_rules_and_make_greedy_one_rule():
     doc = {"rows": [{"temperature": r["temperature"], "k": r["k"], "rule": r["rule"], "accepted_per_step": 0.5}
                     for r in rows], "expected": rows}
     assert len(figure(doc).layout.annotations) == 2
+
+
+def test_a_checkpointed_run_resumes_without_running_its_finished_parts_again(tmp_path):
+    """Each finished (temperature, K) is written at once; a second run with the same file reads them
+    and runs nothing (its engines would make different timings, not the same ones)."""
+    from specdec_lab.bench.rules import Checkpoint
+    target, draft = sl.tiny_model(0), sl.tiny_model(0, std=0.4)
+    path = tmp_path / "ckpt.json"
+    first = measure_rules(target, draft, [[1, 2, 3], [4, 5]], temperatures=(1.0,), ks=(2, 3), max_new_tokens=8,
+                          checkpoint=Checkpoint(path))
+    ran = []
+    second = measure_rules(target, draft, [[1, 2, 3], [4, 5]], temperatures=(1.0,), ks=(2, 3), max_new_tokens=8,
+                           checkpoint=Checkpoint(path), log=ran.append)
+    assert second["rows"] == first["rows"] and second["ratios"] == first["ratios"]
+    assert ran == ["T=1 K=2: in the checkpoint", "T=1 K=3: in the checkpoint"]
+    rows = expected_rules(target, draft, [[1, 2, 3]], temperatures=(1.0,), ks=(1, 2), max_new_tokens=6,
+                          checkpoint=Checkpoint(path))
+    assert Checkpoint(path).get("expected", 1.0) == rows

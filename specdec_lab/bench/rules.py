@@ -21,9 +21,11 @@ The mean acceptance length tau is accepted drafts per step plus one. Prints a ta
 JSON document as its last line; `--out` stores it, and `figure(doc)` draws it.
 """
 import argparse
+import json
 import random
 import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -57,16 +59,21 @@ def bootstrap(rule, base, resamples=2000, seed=0):
 
 
 def measure_rules(target, draft, prompts, temperatures=(0.0, 0.7, 1.0), ks=(2, 4, 8), max_new_tokens=48, seed=0,
-                  samples=1, log=None) -> dict:
-    """Real runs of every rule; `samples` answers per prompt at temperatures above 0 (one at 0)."""
+                  samples=1, log=None, checkpoint=None) -> dict:
+    """Real runs of every rule; `samples` answers per prompt at temperatures above 0 (one at 0).
+    `checkpoint` (a Checkpoint) keeps each finished (temperature, K) and skips it when run again."""
     log = log or (lambda s: None)
+    checkpoint = checkpoint or Checkpoint(None)
     engines = {(name, k): SpeculativeEngine(target, draft, k=k, verifier=rule, propose=propose)
                for name, (rule, propose) in RULES.items() for k in ks}
     for e in engines.values():  # warm-up: the first call of each engine is not timed
         e.generate(prompts[0], 8, temperature=1.0, seed=seed)
-    rows, ratios, names = [], [], list(RULES)
+    names = list(RULES)
     for T in temperatures:
         for k in ks:
+            if checkpoint.has("measured", T, k):
+                log(f"T={T:g} K={k}: in the checkpoint")
+                continue
             per = {name: {"accepted": [], "steps": [], "tokens": [], "seconds": []} for name in RULES}
             for i, prompt in enumerate(prompts):
                 for name in names:
@@ -83,6 +90,7 @@ def measure_rules(target, draft, prompts, temperatures=(0.0, 0.7, 1.0), ks=(2, 4
                                        ("seconds", seconds)):
                             per[name][key][-1] += v
                 log(f"T={T:g} K={k}: prompt {i + 1}/{len(prompts)}")
+            rows, ratios = [], []
             for name, r in per.items():
                 rows.append({"temperature": T, "k": k, "rule": name,
                              "accepted_per_step": sum(r["accepted"]) / sum(r["steps"]),
@@ -93,20 +101,53 @@ def measure_rules(target, draft, prompts, temperatures=(0.0, 0.7, 1.0), ks=(2, 4
             for name in names[1:]:
                 ratios.append({"temperature": T, "k": k, "rule": name,
                                "over_token": over(per[name], per["token"], every),
-                               "ci95": bootstrap(per[name], per["token"])})
+                               "ci95": list(bootstrap(per[name], per["token"]))})
+            checkpoint.add("measured", T, k, {"rows": rows, "ratios": ratios})
+    done = [checkpoint.get("measured", T, k) for T in temperatures for k in ks]
     return {"prompts": len(prompts), "max_new_tokens": max_new_tokens, "seed": seed, "samples": samples,
-            "threads": torch.get_num_threads(), "rows": rows, "ratios": ratios}
+            "threads": torch.get_num_threads(), "rows": [r for d in done for r in d["rows"]],
+            "ratios": [r for d in done for r in d["ratios"]]}
+
+
+class Checkpoint:
+    """Finished parts of a run in a JSON file, written after each part, so that a run stopped midway
+    (a killed process, a full machine) resumes where it stopped. path None keeps them in memory."""
+
+    def __init__(self, path):
+        self.path = path
+        self.parts = json.loads(Path(path).read_text()) if path and Path(path).exists() else {}
+
+    @staticmethod
+    def _key(kind, T, k):
+        return f"{kind} T={T:g} K={k}"
+
+    def has(self, kind, T, k=0):
+        return self._key(kind, T, k) in self.parts
+
+    def get(self, kind, T, k=0):
+        return self.parts[self._key(kind, T, k)]
+
+    def add(self, kind, T, k, value):
+        self.parts[self._key(kind, T, k)] = value
+        if self.path:
+            tmp = Path(f"{self.path}.tmp")
+            tmp.write_text(json.dumps(self.parts))
+            tmp.replace(self.path)
 
 
 @torch.inference_mode()
 def expected_rules(target, draft, prompts, temperatures=(0.0, 0.7, 1.0), ks=(2, 4, 8), max_new_tokens=48, seed=0,
-                   log=None) -> list:
+                   log=None, checkpoint=None) -> list:
     """Expected accepted drafts per step of each rule along the target's own answers, no sampling:
     one answer per prompt and temperature (seed + i), p and q of each answer position from one
     forward of each model over prompt + answer, every start with max(ks) positions after it."""
     log = log or (lambda s: None)
+    checkpoint = checkpoint or Checkpoint(None)
     kmax, out = max(ks), []
     for T in temperatures:
+        if checkpoint.has("expected", T):
+            out += checkpoint.get("expected", T)
+            continue
         sums, starts = {rule: {k: 0.0 for k in ks} for rule in RULES}, 0
         for i, prompt in enumerate(prompts):
             ids = encode_prompt(getattr(target, "tokenizer", None), prompt)
@@ -122,8 +163,10 @@ def expected_rules(target, draft, prompts, temperatures=(0.0, 0.7, 1.0), ks=(2, 
                         sums[rule][k] += e[rule][k]
                 starts += 1
             log(f"expected, T={T:g}: prompt {i + 1}/{len(prompts)}")
-        out += [{"temperature": T, "k": k, "rule": rule, "expected_accepted_per_step": sums[rule][k] / starts,
+        part = [{"temperature": T, "k": k, "rule": rule, "expected_accepted_per_step": sums[rule][k] / starts,
                  "starts": starts} for k in ks for rule in RULES]
+        checkpoint.add("expected", T, 0, part)
+        out += part
     return out
 
 
@@ -189,6 +232,9 @@ def main(argv=None, out=print, load=None) -> dict:
     p.add_argument("--json", action="store_true", help="print only the JSON document")
     p.add_argument("--out", default="", help="where to store the document (default: nowhere)")
     p.add_argument("--no-expected", action="store_true", help="skip the expected figures (measured runs only)")
+    p.add_argument("--expected-only", action="store_true", help="only the expected figures (no measured runs)")
+    p.add_argument("--checkpoint", default="", help="a JSON file that keeps each finished part; a rerun with "
+                   "the same file resumes (default: none)")
     args = p.parse_args(argv)
     temperatures, ks = _floats(args.temperatures, "--temperatures"), _floats(args.ks, "--ks", int)
     if min(args.num_prompts, args.max_new_tokens, args.threads, args.samples) < 1:
@@ -196,9 +242,16 @@ def main(argv=None, out=print, load=None) -> dict:
     torch.set_num_threads(args.threads)
     target, draft = load() if load else (lambda pair: (pair.target, pair.draft))(load_default_pair())
     prompts, log = HANDWRITTEN_PROMPTS[:args.num_prompts], (lambda s: print(s, file=sys.stderr, flush=True))
-    doc = measure_rules(target, draft, prompts, temperatures, ks, args.max_new_tokens, samples=args.samples, log=log)
+    checkpoint = Checkpoint(args.checkpoint or None)
+    if args.expected_only:
+        doc = {"prompts": len(prompts), "max_new_tokens": args.max_new_tokens, "seed": 0, "samples": args.samples,
+               "threads": torch.get_num_threads(), "rows": [], "ratios": []}
+    else:
+        doc = measure_rules(target, draft, prompts, temperatures, ks, args.max_new_tokens, samples=args.samples,
+                            log=log, checkpoint=checkpoint)
     if not args.no_expected:
-        doc["expected"] = expected_rules(target, draft, prompts, temperatures, ks, args.max_new_tokens, log=log)
+        doc["expected"] = expected_rules(target, draft, prompts, temperatures, ks, args.max_new_tokens, log=log,
+                                         checkpoint=checkpoint)
     return emit(doc, format_table(doc), out, args.out, args.json)
 
 
