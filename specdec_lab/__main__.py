@@ -19,9 +19,8 @@ from .bench.load import load_main
 from .bench.main import bench_main, env_threads
 from .cli import build_parser
 from .bench.engines import format_engine_acceptance, run_engine_acceptance
-from .bench.load import _floats as parse_floats
-from .bench.load_servers import ServersConfig, format_servers, run_servers
-from .bench.machine import format_profile, measure_machine, write_profile
+from .bench.load_servers import servers_main
+from .bench.machine import machine_main
 from .bench.peer import PEER_QUICK, PeerConfig, format_peer, llama_server_path, run_peer_bench
 from .bench.vllm_server import vllm_python
 from .bench.serve import ServeBenchConfig
@@ -356,13 +355,13 @@ def cmd_prompts(args):
 
 def cmd_bench(args):
     if args.load and args.servers:
-        return cmd_bench_servers(args)
+        return servers_main(args, log=_say)
     if args.load:
         return load_main(args, BENCH_PROMPTS, log=_say)
     if args.engines:
         return cmd_bench_engines(args)
     if args.machine:
-        return cmd_bench_machine(args)
+        return machine_main(args, log=_say)
     if not args.peer:
         return bench_main(args)
     threads = args.threads if args.threads is not None else env_threads()
@@ -389,29 +388,6 @@ def cmd_bench_engines(args):
     if not args.json:
         print(format_engine_acceptance(doc))
     print(json.dumps(doc))
-
-
-def cmd_bench_servers(args):
-    """bench --load --servers: the lab's service, llama-server and vLLM's server under one load (bench/load_servers.py)."""
-    llama_server_path(), vllm_python()  # both peers there, or one line saying how to set them up
-    given = {"rates": args.rates and parse_floats("--rates", args.rates), "requests": args.load_requests,
-             "concurrencies": args.concurrencies and tuple(int(c) for c in parse_floats("--concurrencies",
-                                                                                        args.concurrencies)),
-             "max_tokens": args.max_new_tokens, "num_prompts": args.prompts, "threads": args.threads}
-    doc = run_servers(ServersConfig(**{k: v for k, v in given.items() if v is not None}), log=_say)
-    if not args.json:
-        print(format_servers(doc))
-    print(json.dumps(doc))
-
-
-def cmd_bench_machine(args):
-    """bench --machine: the machine profile (bench/machine.py) into docs/machine_profile.json."""
-    profile = measure_machine(log=_say)
-    path = write_profile(profile)
-    if not args.json:
-        print(format_profile(profile))
-        print(f"-> {path}")
-    print(json.dumps(profile))
 
 
 def cmd_serve(args):

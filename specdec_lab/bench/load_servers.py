@@ -15,6 +15,7 @@ own load generator (`vllm bench serve`, from .venv-vllm) against the lab's servi
 printed. llama.cpp reads the 4-bit file the float32 target was expanded from: its figures are a
 peer's, not the same arithmetic.
 """
+import json
 import os
 import subprocess
 import sys
@@ -29,8 +30,8 @@ from ..api import ensure_default_target
 from ..io.assets import ensure_gguf
 from ..train.prompts import BENCH_PROMPTS
 from .exports import engine_files
-from .load import LoadConfig, run_load
-from .peer import LlamaServer, exported_draft_gguf
+from .load import LoadConfig, _floats, run_load
+from .peer import LlamaServer, exported_draft_gguf, llama_server_path
 from .vllm_server import VllmServer, _free_port, vllm_python
 
 SERVERS = ("lab", "llamacpp", "vllm")
@@ -200,3 +201,16 @@ def format_servers(doc) -> str:
         lines.append(f"\nvllm bench serve against the lab's service: exit {vb['returncode']}")
         lines.append(vb["result"] or vb["tail"])
     return "\n".join(lines)
+
+
+def servers_main(args, log):
+    """bench --load --servers from bench's parsed options: the table (unless --json), then one JSON line."""
+    llama_server_path(), vllm_python()  # both peers there, or one line saying how to set them up
+    given = {"rates": args.rates and _floats("--rates", args.rates), "requests": args.load_requests,
+             "concurrencies": args.concurrencies and tuple(int(c) for c in _floats("--concurrencies",
+                                                                                   args.concurrencies)),
+             "max_tokens": args.max_new_tokens, "num_prompts": args.prompts, "threads": args.threads}
+    doc = run_servers(ServersConfig(**{k: v for k, v in given.items() if v is not None}), log=log)
+    if not args.json:
+        print(format_servers(doc))
+    print(json.dumps(doc))

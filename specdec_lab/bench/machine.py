@@ -153,3 +153,13 @@ def write_profile(p: dict, path=PROFILE) -> Path:
     path = Path(path)
     path.write_text(json.dumps(p, indent=1) + "\n")
     return path
+
+
+def machine_main(args, log):
+    """bench --machine: measure, store docs/machine_profile.json, print the table (unless --json) and the JSON."""
+    profile = measure_machine(log=log)
+    path = write_profile(profile)
+    if not args.json:
+        print(format_profile(profile))
+        print(f"-> {path}")
+    print(json.dumps(profile))
