@@ -156,7 +156,7 @@ def exact_token_rule(p_rows, q_rows, drafts):
     at the first rejection the next token comes from the residual norm(max(p_i - q_i, 0))."""
     K, out, alive = len(drafts), [], Fraction(1)
     for i, x in enumerate(drafts):
-        a = min(p_rows[i][x] / q_rows[i][x], 1)
+        a = min(p_rows[i][x] / q_rows[i][x], Fraction(1))
         residual = fraction_norm([max(pv - qv, 0) for pv, qv in zip(p_rows[i], q_rows[i])])
         out.append((i, residual or p_rows[i], alive * (1 - a)))
         alive *= a
@@ -179,7 +179,7 @@ def block_thresholds(p_rows, q_rows, drafts):
     verification/block.py's `block_weights` in fractions)."""
     K, P, h = len(drafts), [Fraction(1)], []
     for i, x in enumerate(drafts):
-        P.append(min(P[-1] * p_rows[i][x] / q_rows[i][x], 1))
+        P.append(min(P[-1] * p_rows[i][x] / q_rows[i][x], Fraction(1)))
         if i + 1 < K:
             r = sum(max(P[-1] * pv - qv, 0) for pv, qv in zip(p_rows[i + 1], q_rows[i + 1]))
             h.append(r / (r + 1 - P[-1]) if r + 1 - P[-1] > 0 else Fraction(1))
