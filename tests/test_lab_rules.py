@@ -1,6 +1,6 @@
 """lab/lossless.py's exact step enumeration in fractions and sampler, and lab/pitfalls.py's broken rules.
 
-Chapter 14 proves its claims with these: the three rules of verification/ are lossless by exact
+Chapter 03 proves its claims with these: the three rules of verification/ are lossless by exact
 enumeration and their code passes a chi-square test on the same toy models; each broken variant is not
 lossless in fractions, its code fails the chi-square test, and its code and its fractions are the same
 rule (the code's samples fit the fractions' distribution); the paper's binary example to the fraction.

@@ -1,4 +1,4 @@
-"""lab/serve_figures.py (chapter 11): the arithmetic is right, each figure draws what it is given, is pure,
+"""lab/serve_figures.py (chapter 13): the arithmetic is right, each figure draws what it is given, is pure,
 and refuses bad input."""
 import json
 from pathlib import Path

@@ -96,7 +96,7 @@ def test_speedup_heatmap_puts_white_at_break_even():
     assert only_gains.colorscale[0][1] == viz.WHITE
 
 
-# ----------------------------------------------------------------------------- chapters 06, 08 and 10
+# ----------------------------------------------------------------------------- chapters 07, 09 and 11
 
 
 def _trace_rows():

@@ -1,5 +1,5 @@
 """The benchmark's tables: what `python -m specdec_lab bench` prints before its JSON line, and
-the prediction taken apart against the measurement (prediction_rows), as chapter 10 reads it."""
+the prediction taken apart against the measurement (prediction_rows), as chapter 11 reads it."""
 import json
 from pathlib import Path
 

@@ -6,7 +6,7 @@ n accepted out of k, the cache holds [.., c, d_1..d_{k-1}]: keep c, d_1..d_n.
 When all k were accepted, d_k was drafted but never fed to the draft, so it
 joins the next token in `pending`. (A rollback that keeps `accepted` entries
 instead of `accepted + 1` and never feeds d_k lets the draft cache drift:
-chapter 03 shows it, and docs/design.md lists it among the pitfalls.)
+chapter 04 shows it, and docs/design.md lists it among the pitfalls.)
 """
 import torch
 

@@ -1,4 +1,4 @@
-"""The EAGLE-3-style drafter opened up for chapter 15: what each drafted token's confidence was, and
+"""The EAGLE-3-style drafter opened up for chapter 10: what each drafted token's confidence was, and
 two broken variants, each with one classic bug of a port.
 
 - `ConfidenceDrafter`: Eagle3Drafter that also keeps q(d), the draft's probability of each token it

@@ -13,7 +13,7 @@ checked directly:
    A small p-value says the sampler is not distributed as the target. A sample
    of a sequence whose exact probability is 0 fails outright.
 
-One verification step can also be enumerated without a model, in fractions (chapter 14):
+One verification step can also be enumerated without a model, in fractions (chapter 03):
 `exact_step_output` runs a rule (`EXACT_RULES`: token by token, block, exact match) over
 every block a toy draft can propose and every decision, and a lossless rule gives
 `exact_target_joint` exactly; `sample_step_outputs` samples a tensor rule of

@@ -11,7 +11,7 @@ Verification (chapter 02), measured with lab/lossless.py's chi-square test:
 - `GreedyDraftSampledQ`: the draft proposes its argmax but reports its softmax
   as q. The acceptance rule assumes d ~ q; a greedy draft's real q is one-hot.
 
-The acceptance rule (chapter 14), each twice: in fractions for lossless.exact_step_output,
+The acceptance rule (chapter 03), each twice: in fractions for lossless.exact_step_output,
 and with core.verify.verify's signature for the engine and lossless.sample_step_outputs:
 - `exact_block_ratio_test` / `verify_block_ratio_test`: block verification with the token
   rule's per-token test u_i < min(1, p_i(d_i) / q_i(d_i)) in place of the block's threshold
@@ -23,7 +23,7 @@ and with core.verify.verify's signature for the engine and lossless.sample_step_
   drafted token whenever the target gives it any probability, instead of comparing it with
   the target's own draw.
 
-The KV cache (chapter 03), the rollback of the Rust article "Speculative Decoding
+The KV cache (chapter 04), the rollback of the Rust article "Speculative Decoding
 in Custom LLM Servicing: Implementing Draft Models in Rust" (docs/design.md lists
 its pitfalls):
 - `OffByOneDraftCache`: after a step it keeps `num_accepted` draft-cache entries
@@ -33,7 +33,7 @@ its pitfalls):
 - `OffByOneRollbackCache`: the same arithmetic applied to the target's cache, where
   nothing checks it: the output itself goes wrong.
 
-The verification mask (chapter 04):
+The verification mask (chapter 05):
 - `UnmaskedTarget`: runs the K+1 verification pass with no mask, so position i
   also sees the drafted tokens after it, including the one it is judging.
 """

@@ -1,4 +1,4 @@
-"""Plotly figures for chapter 11 (serving many requests), and the arithmetic they draw: pure functions
+"""Plotly figures for chapter 13 (serving many requests), and the arithmetic they draw: pure functions
 of numbers, no models, no measuring.
 
 Like viz.py, each figure function takes what the library or a stored run returned and gives back a

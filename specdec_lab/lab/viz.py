@@ -177,7 +177,7 @@ def speedup_heatmap(alphas, ks, c) -> go.Figure:
     return fig
 
 
-# --------------------------------------------------------------------------- chapter 03
+# --------------------------------------------------------------------------- chapter 04
 
 
 def cache_drift_figure(steps_by_name, missing_by_name) -> go.Figure:
@@ -201,7 +201,7 @@ def cache_drift_figure(steps_by_name, missing_by_name) -> go.Figure:
     return fig
 
 
-# --------------------------------------------------------------------------- chapter 04
+# --------------------------------------------------------------------------- chapter 05
 
 
 def mask_figure(mask, L, labels=None) -> go.Figure:
@@ -235,7 +235,7 @@ def logit_difference_figure(positions, diffs_by_name) -> go.Figure:
     return fig
 
 
-# --------------------------------------------------------------------------- chapter 05
+# --------------------------------------------------------------------------- chapter 06
 
 
 def verify_cost_figure(ks, seconds_by_name, syncs_by_name) -> go.Figure:
@@ -254,7 +254,7 @@ def verify_cost_figure(ks, seconds_by_name, syncs_by_name) -> go.Figure:
     return fig
 
 
-# --------------------------------------------------------------------------- chapter 07
+# --------------------------------------------------------------------------- chapter 13
 
 
 def fragmentation_figure(result) -> go.Figure:
@@ -288,7 +288,7 @@ def fragmentation_figure(result) -> go.Figure:
     return fig
 
 
-# --------------------------------------------------------------------------- chapters 06, 08 and 10
+# --------------------------------------------------------------------------- chapters 07, 09 and 11
 
 TRACE_COLORS = {"accepted": GOOD, "rejected": BAD, "discarded": "#c7c7c7", "correction": PALETTE[0],
                 "bonus": "#e6a800"}

@@ -51,7 +51,7 @@ STOP_BELOW = 0.2  # the "lookup" drafter's draft stops after a token it gives le
 LOAD_ERRORS = (ValueError, OSError, RuntimeError, ImportError)  # FileNotFoundError is an OSError
 RUN_ERRORS = (ValueError, RuntimeError)  # bad input; CUDA out of memory is a RuntimeError
 WARMUP_TOKENS = 8  # untimed tokens each engine generates before its first timed run
-DEFAULT_K = 2  # chapter 10: at temperature 0, K = 2 or 3 beat longer drafts with the shipped draft
+DEFAULT_K = 2  # chapter 11: at temperature 0, K = 2 or 3 beat longer drafts with the shipped draft
 
 STYLE = """<style>
 .sdl-strip { font-family: var(--jp-code-font-family, monospace); font-size: 13px; line-height: 1.9;
