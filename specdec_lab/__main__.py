@@ -369,8 +369,8 @@ def cmd_bench(args):
     cfg = PeerConfig(**{**(PEER_QUICK if args.quick else {}), **{k: v for k, v in given.items() if v is not None}})
     llama_server_path(), vllm_python()  # both peers there, or one line saying how to set them up
     _say(f"bench --peer: {cfg.num_prompts} prompts x {cfg.max_new_tokens} tokens, {cfg.threads} thread(s); "
-         f"loading the pair, exporting the drafts and starting five llama-servers and "
-         f"{6 if cfg.vllm_compiled else 3} vLLM servers first (minutes) ...")
+         f"loading the pair, exporting the drafts and starting five llama-servers, then three vLLM servers "
+         f"{'in each of two waves (eager, compiled)' if cfg.vllm_compiled else '(eager)'} (minutes) ...")
     doc = run_peer_bench(cfg, log=_say)
     if not args.json:
         print(format_peer(doc))

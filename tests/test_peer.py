@@ -8,7 +8,10 @@ from specdec_lab.bench.peer import LlamaServer, PeerConfig, exported_draft_gguf,
 from specdec_lab.core.text import encode_prompt
 from specdec_lab.io.assets import ensure_gguf
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "peer_llamacpp.json"
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+# peer.json: the lab, llama.cpp and vLLM side by side (vLLM's compiled mode in a second wave);
+# peer_llamacpp.json: the earlier run with llama.cpp alone, kept for docs/benchmarks.md's history
+STORED = ["peer.json", "peer_llamacpp.json"]
 
 
 def test_bad_configuration_is_refused():
@@ -42,14 +45,26 @@ def test_llama_cpp_speculative_with_the_exported_draft_is_its_own_greedy_decode(
     assert accepted > 0
 
 
-def test_stored_peer_run_is_complete_and_consistent():
-    doc = json.loads(DOC.read_text())
+@pytest.mark.parametrize("name", STORED)
+def test_stored_peer_run_is_complete_and_consistent(name):
+    doc = json.loads((DOCS / name).read_text())
     k, s = doc["config"]["k"], doc["config"]["self_k"]
     names = {"lab_ar", f"lab_spec_k{k}", f"lab_self_k{s}", "lab_int4_decode", "llamacpp_ar", f"llamacpp_spec_k{k}",
              f"llamacpp_spec_k{k}_f16", "llamacpp_draft_alone"}
+    if doc["config"].get("vllm"):  # the EAGLE-3 draft in the lab and llama.cpp, and vLLM in each of its modes
+        e = doc["config"]["eagle3_k"]
+        names |= {f"lab_eagle3_k{e}", f"llamacpp_eagle3_k{e}"}
+        vllm = {"vllm_ar", f"vllm_spec_k{k}", f"vllm_eagle3_k{e}"}
+        names |= vllm | ({n + "_compiled" for n in vllm} if doc["config"]["vllm_compiled"] else set())
     assert set(doc["systems"]) == names
     rows = doc["systems"]
     assert rows["lab_ar"]["vs_lab_ar"]["ratio"] == pytest.approx(1.0)
+    if doc["config"].get("vllm"):
+        for name, row in rows.items():  # a second wave's rows are over its own baselines, timed again
+            assert row["wave"] == (2 if name.endswith("_compiled") else 1), name
+        for name in (n for n in rows if n.startswith("vllm_") and "_ar" not in n):  # vLLM's own counters
+            assert 0 < rows[name]["accepted"] <= rows[name]["drafted"] and 1 < rows[name]["tokens_per_step"], name
+            assert rows[name]["same_output_as_lab_ar"] >= 0.9, name  # vLLM runs the float32 target, as the lab does
     for name, row in rows.items():
         lo, hi = row["vs_lab_ar"]["ci95"] or (None, None)
         if lo is not None:

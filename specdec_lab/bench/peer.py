@@ -13,6 +13,9 @@ rotating order as the main benchmark does (run.run_systems), with one thread eac
     lab_spec_k{K}      the shipped draft at the same K
     lab_self_k{S}      the self-draft in 4 bits: the best lossless system of docs/bench_fast_memory.json
     lab_int4_decode    the same 4-bit weights decoding alone, unverified (not lossless)
+    lab_eagle3_k{E}, llamacpp_eagle3_k{E}  the EAGLE-3 draft in the lab and in llama.cpp
+    vllm_ar, vllm_spec_k{K}, vllm_eagle3_k{E}  vLLM for CPU (.venv-vllm), eager; `_compiled` its
+                       torch.compile path, in a second wave beside lab_ar and llamacpp_ar timed again
 
 Every call is timed whole, from the request to the last token (prefill included), as the main
 benchmark times its own calls; ratios have paired bootstrap intervals over the prompts
@@ -236,34 +239,27 @@ def run_peer_bench(cfg: PeerConfig, log=None) -> dict:
     quantized = QuantizedDecoding(self_draft)
     files = engine_files(log)
     eagle3 = SpeculativeEngine(target, load_eagle3_draft(target), k=cfg.eagle3_k)
-    timings, marks, vllm_commands = {}, {}, {}
+    timings, marks, vllm_commands, wave_of = {}, {}, {}, {}
+    specs = {"vllm_ar": None,
+             f"vllm_spec_k{cfg.k}": {"method": "draft_model", "model": str(files["token_hf"]),
+                                    "num_speculative_tokens": cfg.k},
+             f"vllm_eagle3_k{cfg.eagle3_k}": {"method": "eagle3", "model": str(files["eagle3_dir"]),
+                                             "num_speculative_tokens": cfg.eagle3_k}}
+    # vLLM's eager servers run beside every other system; its compiled servers, where asked for, in a
+    # second wave beside the two autoregressive baselines again: six vLLM servers at once (about 2.7 GB
+    # each) with the five llama-servers and the lab outgrow a 24 GB machine.
+    modes = ([False] + ([True] if cfg.vllm_compiled else [])) if cfg.vllm else []
     log("starting five llama-servers (the target alone, with each exported draft, the draft alone) ...")
     with LlamaServer(target_gguf, threads=cfg.threads) as ar_server, \
             LlamaServer(target_gguf, draft_gguf, cfg.k, threads=cfg.threads) as spec_server, \
             LlamaServer(target_gguf, draft_f16, cfg.k, threads=cfg.threads) as spec16_server, \
             LlamaServer(draft_gguf, threads=cfg.threads) as draft_server, \
             LlamaServer(target_gguf, files["eagle3_gguf"], cfg.eagle3_k, threads=cfg.threads,
-                        spec_type="draft-eagle3") as eagle3_server, contextlib.ExitStack() as stack:
-        vllm_systems = []
-        if cfg.vllm:
-            specs = {"vllm_ar": None,
-                     f"vllm_spec_k{cfg.k}": {"method": "draft_model", "model": str(files["token_hf"]),
-                                            "num_speculative_tokens": cfg.k},
-                     f"vllm_eagle3_k{cfg.eagle3_k}": {"method": "eagle3", "model": str(files["eagle3_dir"]),
-                                                     "num_speculative_tokens": cfg.eagle3_k}}
-            modes = [False] + ([True] if cfg.vllm_compiled else [])
-            log(f"starting {len(specs) * len(modes)} vLLM servers side by side (minutes) ...")
-            for name, server in _start_vllm(stack, files["target_dir"], specs, cfg.threads, modes, log).items():
-                how = specs[name.removesuffix("_compiled")]
-                k = how and how["num_speculative_tokens"]
-                what = ("autoregressive" if how is None else "exported draft" if how["method"] == "draft_model"
-                        else "EAGLE-3 draft")
-                label = (f"vLLM{' compiled' if name.endswith('_compiled') else ''}, {what}"
-                         + (f", K = {k}" if k else "") + " (float32)")
-                vllm_systems.append(_vllm_system(name, label, server, k, marks))
-                vllm_commands[name] = server.command
-        systems = [
-            _lab_system("lab_ar", "lab, autoregressive", lambda ids, n: autoregressive_generate(target, ids, n)),
+                        spec_type="draft-eagle3") as eagle3_server:
+        def lab_ar_system():
+            return _lab_system("lab_ar", "lab, autoregressive", lambda ids, n: autoregressive_generate(target, ids, n))
+        first = [
+            lab_ar_system(),
             _lab_system(f"lab_spec_k{cfg.k}", f"lab, shipped draft, K = {cfg.k}",
                         lambda ids, n: spec.generate(ids, max_new_tokens=n), cfg.k),
             _lab_system(f"lab_self_k{cfg.self_k}", f"lab, self-draft 4-bit, K = {cfg.self_k}",
@@ -281,18 +277,46 @@ def run_peer_bench(cfg: PeerConfig, log=None) -> dict:
                         lambda ids, n: eagle3.generate(ids, max_new_tokens=n), cfg.eagle3_k),
             _server_system(f"llamacpp_eagle3_k{cfg.eagle3_k}", f"llama.cpp, EAGLE-3 draft, K = {cfg.eagle3_k}",
                            eagle3_server, cfg.eagle3_k, timings),
-        ] + vllm_systems
+        ]
         commands = {"llamacpp_ar": ar_server.command, f"llamacpp_spec_k{cfg.k}": spec_server.command,
                     f"llamacpp_spec_k{cfg.k}_f16": spec16_server.command, "llamacpp_draft_alone": draft_server.command,
-                    f"llamacpp_eagle3_k{cfg.eagle3_k}": eagle3_server.command, **vllm_commands}
-        tallies = run_systems(systems, prompt_ids, bench_cfg, 0.0, Clock(target.device), log)
-        counts = {name: counts_since(after_warmup, server.spec_counters())
-                  for name, (server, after_warmup) in marks.items()}
+                    f"llamacpp_eagle3_k{cfg.eagle3_k}": eagle3_server.command}
+        systems, tallies, baselines, counts = list(first), {}, {}, {}
+        for wave, compiled in enumerate(modes or [None], start=1):
+            with contextlib.ExitStack() as stack:
+                vllm_systems = []
+                if compiled is not None:
+                    log(f"wave {wave}: starting {len(specs)} vLLM servers ({'compiled' if compiled else 'eager'}) "
+                        "side by side (minutes) ...")
+                for name, server in (_start_vllm(stack, files["target_dir"], specs, cfg.threads, [compiled], log).items()
+                                     if compiled is not None else ()):
+                    how = specs[name.removesuffix("_compiled")]
+                    k = how and how["num_speculative_tokens"]
+                    what = ("autoregressive" if how is None else "exported draft" if how["method"] == "draft_model"
+                            else "EAGLE-3 draft")
+                    label = (f"vLLM{' compiled' if compiled else ''}, {what}" + (f", K = {k}" if k else "")
+                             + " (float32)")
+                    vllm_systems.append(_vllm_system(name, label, server, k, marks))
+                    vllm_commands[name] = commands[name] = server.command
+                    wave_of[name] = wave
+                if wave > 1 and not vllm_systems:
+                    log(f"wave {wave}: no vLLM server started, nothing to run")
+                    continue
+                # the first wave runs every system; a later one its vLLM servers beside both baselines again
+                again = first if wave == 1 else [lab_ar_system(), _server_system(
+                    "llamacpp_ar", "llama.cpp, autoregressive (Q4_1)", ar_server, None, {})]
+                got = run_systems(again + vllm_systems, prompt_ids, bench_cfg, 0.0, Clock(target.device), log)
+                baselines[wave] = (got["lab_ar"], got["llamacpp_ar"])
+                tallies.update({s.name: got[s.name] for s in (first if wave == 1 else []) + vllm_systems})
+                systems += vllm_systems
+                for name in [name for name in marks if wave_of[name] == wave]:  # read before its server stops
+                    server, after_warmup = marks.pop(name)
+                    counts[name] = counts_since(after_warmup, server.spec_counters())
     for t in timings.values():
         del t[0]  # the warm-up call
     costs = measure_step_costs(target, draft, (cfg.k,), context=96, reps=10)  # the lab's c, for the same draft
 
-    lab_ar, llama_ar = tallies["lab_ar"], tallies["llamacpp_ar"]
+    lab_ar = tallies["lab_ar"]
 
     def vs(t, base):
         (_, ta, sa), (_, tb, sb) = t.per_prompt(), base.per_prompt()
@@ -305,10 +329,12 @@ def run_peer_bench(cfg: PeerConfig, log=None) -> dict:
 
     systems_doc = {}
     for s in systems:
-        t = tallies[s.name]
-        row = {"label": s.label, "tokens": t.tokens, "seconds": t.seconds, "tokens_per_second": t.tokens / t.seconds,
-               "vs_lab_ar": vs(t, lab_ar), "vs_llamacpp_ar": vs(t, llama_ar),
-               "same_output_as_lab_ar": same(t, lab_ar), "same_output_as_llamacpp_ar": same(t, llama_ar)}
+        t, wave = tallies[s.name], wave_of.get(s.name, 1)
+        base_lab, base_llama = baselines[wave]  # the two autoregressive decodes timed in the same wave
+        row = {"label": s.label, "wave": wave, "tokens": t.tokens, "seconds": t.seconds,
+               "tokens_per_second": t.tokens / t.seconds,
+               "vs_lab_ar": vs(t, base_lab), "vs_llamacpp_ar": vs(t, base_llama),
+               "same_output_as_lab_ar": same(t, base_lab), "same_output_as_llamacpp_ar": same(t, base_llama)}
         if s.name in timings:  # llama.cpp: one target forward per step commits the accepted drafts and one more
             tm = timings[s.name]
             predicted, accepted = sum(x["predicted_n"] for x in tm), sum(x.get("draft_n_accepted", 0) for x in tm)
@@ -335,8 +361,11 @@ def run_peer_bench(cfg: PeerConfig, log=None) -> dict:
         "measured_at": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "config": asdict(cfg),
         "machine": {"cpus": os.cpu_count(), "threads_each": cfg.threads,
-                    "note": "the project's shared machine: other jobs ran beside this one; ratios come from "
-                            "one run, side by side, absolute speeds do not carry over"},
+                    "note": "the project's shared machine, where other jobs may run: ratios come from one run, "
+                            "side by side, absolute speeds do not carry over"},
+        "waves": {"1": "every system; vLLM in eager mode",
+                  "2": "vLLM's compiled mode, beside lab_ar and llamacpp_ar timed again (its rows' ratios use those)"}
+        if len(modes) > 1 else {"1": "every system"},
         "peer": {"source": LLAMA_CPP_SOURCE, "vllm": VLLM_SOURCE + " (the target's float32 folder)" if cfg.vllm else None,
                  "target_gguf": target_gguf.name, "draft_gguf": draft_gguf.name,
                  "lab_target": str(ensure_default_target().name) + " (the Q4_1 GGUF expanded to float32)"},
@@ -359,6 +388,7 @@ def format_peer(doc) -> str:
 
         def f(r):
             return f"{r['ratio']:.2f}x ({r['ci95'][0]:.2f}-{r['ci95'][1]:.2f})" if r["ci95"] else f"{r['ratio']:.2f}x"
-        lines.append(f"| {row['label']} | {f(a)} | {f(b)} | {row['tokens_per_step']:.2f} | "
+        label = row["label"] + (f" (wave {row['wave']})" if row.get("wave", 1) > 1 else "")
+        lines.append(f"| {label} | {f(a)} | {f(b)} | {row['tokens_per_step']:.2f} | "
                      f"{row['same_output_as_lab_ar']:.0%} |")
     return "\n".join(lines)
