@@ -48,3 +48,16 @@ def test_paged_cache_gives_the_same_greedy_output_on_five_prompts(smol, block_si
     for p in PAGED_PROMPTS:
         want = contiguous.generate(p, max_new_tokens=12).tokens
         assert paged.generate(p, max_new_tokens=12).tokens == want, f"paged (P={block_size}) diverged on {p!r}"
+
+
+@pytest.mark.parametrize("verifier,propose", [("device", "sample"), ("block", "sample"), ("match", "sample"),
+                                              ("match", "argmax"), ("block", "argmax")])
+def test_the_default_pairs_greedy_output_is_the_same_under_every_acceptance_rule(smol, baselines, verifier, propose):
+    """Greedy, every rule keeps a drafted token exactly when it is the target's argmax: the shipped
+    draft under token-by-token, block and exact-match verification gives autoregressive decoding's tokens."""
+    draft = sl.load_pair(ensure_default_target(), sl.default_draft_dir()).draft
+    engine = sl.SpeculativeEngine(smol, draft, k=4, verifier=verifier, propose=propose)
+    for p in PROMPTS:
+        res = engine.generate(p, max_new_tokens=24)
+        assert res.tokens == baselines[p], (verifier, propose, p)
+        assert res.stats.accepted > 0, "the shipped draft is accepted"

@@ -72,6 +72,24 @@ def test_gguf_draft_carries_the_targets_tokenizer(exported):
     assert shapes["token_embd.weight"] == (128, 49152) and shapes["blk.3.attn_k.weight"] == (128, 64)
 
 
+def test_the_broken_export_leaves_q_and_k_in_hugging_faces_order_and_nothing_else(exported, tmp_path):
+    """lab/pitfalls.py's export for chapter 14: the same file but for Q and K's rotary row order."""
+    from gguf import GGUFReader
+    from specdec_lab.lab.pitfalls import export_gguf_draft_hf_rope_order
+    broken = export_gguf_draft_hf_rope_order(default_draft_dir(), ensure_gguf(), tmp_path / "hf_order.gguf")
+    good = {t.name: torch.from_numpy(t.data.copy()) for t in GGUFReader(str(exported["gguf"])).tensors}
+    bad = {t.name: torch.from_numpy(t.data.copy()) for t in GGUFReader(str(broken)).tensors}
+    assert good.keys() == bad.keys()
+    with safe_open(str(default_draft_dir() / "model.safetensors"), framework="pt") as f:
+        q_hf = f.get_tensor("model.layers.0.self_attn.q_proj.weight")
+    assert torch.equal(bad["blk.0.attn_q.weight"], q_hf) and not torch.equal(good["blk.0.attn_q.weight"], q_hf)
+    heads = int(GGUFReader(str(exported["gguf"])).fields["llama.attention.head_count"].contents())
+    assert torch.equal(good["blk.0.attn_q.weight"], rope_rows_to_gguf(q_hf, heads))
+    for name in good:
+        if not name.endswith(("attn_q.weight", "attn_k.weight")):
+            assert torch.equal(good[name], bad[name]), name
+
+
 def test_export_rejects_bad_input(tmp_path, default_target_dir):
     with pytest.raises(ValueError, match="dtype must be one of"):
         export_gguf_draft(default_draft_dir(), ensure_gguf(), tmp_path / "x.gguf", dtype="q4_0")

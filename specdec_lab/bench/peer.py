@@ -284,12 +284,12 @@ def run_peer_bench(cfg: PeerConfig, log=None) -> dict:
         systems, tallies, baselines, counts = list(first), {}, {}, {}
         for wave, compiled in enumerate(modes or [None], start=1):
             with contextlib.ExitStack() as stack:
-                vllm_systems = []
+                vllm_systems, started = [], {}
                 if compiled is not None:
                     log(f"wave {wave}: starting {len(specs)} vLLM servers ({'compiled' if compiled else 'eager'}) "
                         "side by side (minutes) ...")
-                for name, server in (_start_vllm(stack, files["target_dir"], specs, cfg.threads, [compiled], log).items()
-                                     if compiled is not None else ()):
+                    started = _start_vllm(stack, files["target_dir"], specs, cfg.threads, [compiled], log)
+                for name, server in started.items():
                     how = specs[name.removesuffix("_compiled")]
                     k = how and how["num_speculative_tokens"]
                     what = ("autoregressive" if how is None else "exported draft" if how["method"] == "draft_model"

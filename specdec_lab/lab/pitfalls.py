@@ -36,7 +36,15 @@ its pitfalls):
 The verification mask (chapter 05):
 - `UnmaskedTarget`: runs the K+1 verification pass with no mask, so position i
   also sees the drafted tokens after it, including the one it is judging.
+
+The export (chapter 14):
+- `export_gguf_draft_hf_rope_order`: the GGUF draft with its Q and K rows left in
+  Hugging Face's rotary order (the two halves of a head) where llama.cpp rotates
+  adjacent pairs. The file loads and runs; its attention is another function, so
+  llama.cpp's draft proposes the target's token far less often.
 """
+from unittest import mock
+
 import torch
 
 from ..api import SpeculativeEngine
@@ -44,6 +52,7 @@ from ..core.kv_cache import KVCache
 from ..core.sampling import logits_to_probs
 from ..core.verify import draw, verify
 from ..drafters import ModelDrafter
+from ..io import export
 from ..verification import block_weights
 from . import lossless
 
@@ -222,3 +231,9 @@ class UnmaskedTarget(torch.nn.Module):
             B, T, L = tokens.shape[0], tokens.shape[1], cache.length
             mask = torch.zeros(B, 1, T, L + T, device=tokens.device, dtype=self.dtype)  # sees everything
         return self.model(tokens, input_pos, cache, mask, last_only)
+
+
+def export_gguf_draft_hf_rope_order(draft_dir, target_gguf, out_path):
+    """io.export.export_gguf_draft without its rope_rows_to_gguf step: Q and K as Hugging Face orders them."""
+    with mock.patch.object(export, "rope_rows_to_gguf", lambda w, n_heads: w):
+        return export.export_gguf_draft(draft_dir, target_gguf, out_path)
