@@ -77,3 +77,14 @@ def test_unmasked_target_changes_only_the_verification_pass():
         diff = (leaky(x, cache=a) - model(x, cache=b)).abs().amax(-1)[0]  # (T,)
     assert (diff > 1e-4).all(), "every position of an unmasked verification pass changes"
     assert leaky.cfg is model.cfg and leaky.device == model.device and leaky.dtype == model.dtype
+
+
+def test_targets_one_position_late_moves_each_stored_target_back_one_answer_position():
+    top_ids = torch.arange(12).view(4, 3)  # 4 answer positions, top-3 stored at each
+    top_lp = -torch.arange(12, dtype=torch.float32).view(4, 3)
+    ex = (torch.tensor([1, 2]), torch.tensor([5, 6, 7, 8]), top_ids, top_lp, 1.0)
+    (prompt, answer, ids, lp, temperature), = pitfalls.targets_one_position_late([ex])
+    assert torch.equal(prompt, ex[0]) and torch.equal(answer, ex[1]) and temperature == 1.0
+    assert ids.shape == top_ids.shape and lp.shape == top_lp.shape
+    assert torch.equal(ids[:3], top_ids[1:]) and torch.equal(lp[:3], top_lp[1:]), "position t holds t + 1's target"
+    assert torch.equal(ids[3], top_ids[3]), "the last position keeps its own"

@@ -37,6 +37,12 @@ The verification mask (chapter 05):
 - `UnmaskedTarget`: runs the K+1 verification pass with no mask, so position i
   also sees the drafted tokens after it, including the one it is judging.
 
+The distillation recipe (chapter 09):
+- `targets_one_position_late`: training examples whose stored target distributions sit one
+  answer position late, so the draft at each position is taught the distribution of the
+  token after the next one: inputs and labels off by one. Training runs and its loss falls;
+  the draft learns another function and agrees with the target's next token far less.
+
 The export (chapter 14):
 - `export_gguf_draft_hf_rope_order`: the GGUF draft with its Q and K rows left in
   Hugging Face's rotary order (the two halves of a head) where llama.cpp rotates
@@ -231,6 +237,13 @@ class UnmaskedTarget(torch.nn.Module):
             B, T, L = tokens.shape[0], tokens.shape[1], cache.length
             mask = torch.zeros(B, 1, T, L + T, device=tokens.device, dtype=self.dtype)  # sees everything
         return self.model(tokens, input_pos, cache, mask, last_only)
+
+
+def targets_one_position_late(examples):
+    """load_shards' examples (prompt, answer, top_ids, top_logprobs, temperature) with each answer
+    position's stored target moved to the position before it; the last position keeps its own."""
+    return [(prompt, answer, torch.cat([top_ids[1:], top_ids[-1:]]), torch.cat([top_lp[1:], top_lp[-1:]]), temperature)
+            for prompt, answer, top_ids, top_lp, temperature in examples]
 
 
 def export_gguf_draft_hf_rope_order(draft_dir, target_gguf, out_path):
