@@ -1,6 +1,8 @@
 """bench --serve on tiny models: the closed and open loops, the document and its table."""
 import json
 
+import pytest
+
 import specdec_lab as sl
 from specdec_lab.bench.serve import (QUICK_SERVE, ServeBenchConfig, closed_loop, format_serve, open_loop,
                                      run_serve_bench, systems)
@@ -25,7 +27,8 @@ def test_the_open_loop_serves_a_seeded_poisson_stream():
     target, draft = _pair()
     r = open_loop(Server(target, draft, max_batch=4, k=2, max_seq_len=128), [[1, 2, 3]], rate=50.0, n=5,
                   max_new_tokens=5, seed=0)
-    assert r["tokens"] == 25 and 0 < r["latency_p50"] <= r["latency_p99"]
+    assert r["tokens"] == 25 and 0 < r["latency_p50"] <= r["latency_p99"] == pytest.approx(max(r["latencies"]), abs=1e-4)
+    assert len(r["latencies"]) == 5, "one latency per request, in arrival order"
 
 
 def test_the_serve_bench_document_has_every_system_at_every_batch_size():

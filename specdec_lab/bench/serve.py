@@ -93,7 +93,8 @@ def _summary(handles, seconds, server, latencies):
     rejections = sum(r.num_accepted < r.k for r in steps if r.k)
     return {"tokens": tokens, "seconds": seconds, "tokens_per_second": tokens / seconds,
             "latency_mean": sum(latencies) / len(latencies), "latency_p50": _quantile(latencies, 0.5),
-            "latency_p99": _quantile(latencies, 0.99), "steps": server.steps, "preemptions": server.preemptions,
+            "latency_p99": _quantile(latencies, 0.99), "latencies": [round(x, 4) for x in latencies],
+            "steps": server.steps, "preemptions": server.preemptions,
             "mean_k": drafted / len(steps) if steps else 0.0, "accepted": accepted, "drafted": drafted,
             "alpha_mle": accepted / (accepted + rejections) if accepted + rejections else None}
 
