@@ -40,7 +40,7 @@ The verification mask (chapter 05):
 The distillation recipe (chapter 09):
 - `targets_one_position_late`: training examples whose stored target distributions sit one
   answer position late, so the draft at each position is taught the distribution of the
-  token after the next one: inputs and labels off by one. Training runs and its loss falls;
+  token after the next one: inputs and labels off by one. Training runs without an error;
   the draft learns another function and agrees with the target's next token far less.
 
 The export (chapter 14):
