@@ -12,16 +12,27 @@
 # (ggml_backend_amx_mul_mat) segfaults on the first forward. The AVX-512/AVX2 kernels run instead.
 #
 #   bash scripts/build_llama_cpp.sh [PYTHON]      # PYTHON runs pip download (default .venv/bin/python)
+#
+# LLAMA_ARCH=x86-64-v3 (any gcc -march value) builds a second llama-server for that processor level
+# instead, into $SPECDEC_LAB_CACHE/llama.cpp-x86-64-v3: scripts/peer_noise.py compares two builds'
+# arithmetic on one machine (docs/peer_noise.json). The default, native, is the one the lab runs.
 set -euo pipefail
 
 VERSION=0.3.36  # llama-cpp-python; its vendor/llama.cpp is the llama.cpp built here
 SDIST_SHA256=832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
 PY=${1:-.venv/bin/python}
 CACHE=${SPECDEC_LAB_CACHE:-$HOME/.cache/specdec_lab}
+ARCH=${LLAMA_ARCH:-native}
 ROOT=$CACHE/llama.cpp
+ARCH_FLAGS=()
+if [[ $ARCH != native ]]; then
+    ROOT=$CACHE/llama.cpp-$ARCH
+    ARCH_FLAGS=(-DGGML_NATIVE=OFF)
+fi
 BIN=$ROOT/bin/llama-server
 STAMP=$ROOT/BUILT-llama-cpp-python-$VERSION-no-amx  # the flavour in the name: an older build is rebuilt
 NO_AMX="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+if [[ $ARCH != native ]]; then NO_AMX="-march=$ARCH $NO_AMX"; fi
 JOBS=${JOBS:-2}
 
 fail() {
@@ -76,7 +87,7 @@ GEN=()
 command -v ninja >/dev/null && GEN=(-G Ninja)
 cmake -S "$SRC" -B "$ROOT/build" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF \
     -DGGML_CUDA=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
-    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF \
+    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF "${ARCH_FLAGS[@]}" \
     -DCMAKE_C_FLAGS="$NO_AMX" -DCMAKE_CXX_FLAGS="$NO_AMX" > "$ROOT/cmake.log" 2>&1 \
     || { tail -30 "$ROOT/cmake.log" >&2; fail "cmake could not configure llama.cpp ($ROOT/cmake.log)"; }
 start=$SECONDS

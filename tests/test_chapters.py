@@ -11,7 +11,7 @@ per chapter, so a failure names the chapter:
   log or a roadmap ("in the time available", "not in this checkout", "once it has run on", ...);
 - every plotly figure has a PNG beside it (viz.show), so the chapter reads where no JavaScript runs;
 - every chapter ends with exercises whose answers are collapsed, and a claims cell with asserts;
-- prose per chapter is counted and held to about 9,000 characters (about 1,500 words) in every chapter;
+- prose per chapter is counted and held to about 15,000 characters (about 2,500 words); a longer chapter is split;
 - `make setup` installs the JupyterLab settings that keep the news prompt off the first chapter.
 
 `python tests/test_chapters.py` prints the prose count per chapter.
@@ -26,7 +26,9 @@ import pytest
 NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("*.ipynb"))
 PACKAGE = "specdec_lab"
 WIDGET_STATE_LIMIT = 100_000  # bytes of JSON in the notebook's metadata["widgets"]
-PROSE_GUIDE = 9_000  # characters of markdown per chapter (about 1,500 words), every chapter held to it
+# Characters of markdown per chapter (about 2,500 words). A cap of 9,000 made the prose clipped: a chapter
+# says what it needs in full sentences, and one that outgrows this is split in two rather than compressed.
+PROSE_GUIDE = 15_000
 # Names of what a reader of the repository cannot see, spelled in pieces so that this file does not
 # itself cite them: a planning brief, the article the project grew from under a nickname, and a
 # claim about the machine the chapters were written on.
@@ -260,7 +262,7 @@ def test_prose_per_chapter_within_the_guide():
     rows, table = prose_table()
     print(f"\n{table}\n(guide: about {PROSE_GUIDE:,} characters of markdown per chapter)")
     over = {name: n for name, n in rows if n > PROSE_GUIDE}
-    assert not over, f"a teaching chapter holds at most about {PROSE_GUIDE:,} characters of prose: {over}"
+    assert not over, f"a teaching chapter holds at most about {PROSE_GUIDE:,} characters of prose; split these: {over}"
 
 
 def test_the_checks_catch_what_they_guard_against():

@@ -1,7 +1,8 @@
 """The lab's exported drafts inside vLLM for CPU and llama.cpp themselves (bench/engines.py): both
 engines are set up by `make test` (scripts/setup_vllm.sh, scripts/build_llama_cpp.sh) and run here
-for real. Each draft gives the lab's greedy tokens in each engine, and each engine's own counters
-give a mean acceptance length within 10% of the lab's on the same prompts."""
+for real. Each draft gives the lab's greedy tokens in each engine (or parts from them at a near-tie),
+and each engine's own counters give a mean acceptance length within 10% of the lab's over the same
+tokens."""
 import pytest
 
 from specdec_lab.bench.engines import acceptance, format_engine_acceptance, lab_counts, run_engine_acceptance
@@ -69,15 +70,19 @@ def test_each_draft_accepts_in_each_engine_what_it_accepts_in_the_lab(measured, 
     lab, other = rows["lab"], rows[engine]
     print(format_engine_acceptance(measured))
     assert lab["same_as_lab_autoregressive"] == lab["of"] == 3  # the lab is lossless
-    # greedy tokens: equal, or parted at a near-tie of the float32 target (a rounding difference)
+    # greedy tokens: equal, or parted at a near-tie of the float32 target (a rounding difference; the
+    # engines' answers parted at gaps of 0.004 in docs/engine_acceptance.json, and a wrong export at several)
     for diff in other["first_differences"]:
         assert diff is None or abs(diff["logit_gap"]) < 0.05, diff
-    assert other["same_as_lab_autoregressive"] >= 2, other
-    assert other["drafts"] > 10 and lab["tau"] > 1.1, (lab, other)  # the draft does accept: not 1 against 1
-    assert other["tau"] == pytest.approx(lab["tau"], rel=0.10), (draft, engine, lab["tau"], other["tau"])
+    # Acceptance over the same tokens: where an answer parted (which prompts part depends on the build),
+    # both engines are counted again up to the parting, so the comparison does not ride on a near-tie.
+    same = other["on_lab_tokens"]
+    assert same["recounted"] == (other["same_as_lab_autoregressive"] < 3) and same["tokens"] >= 48, same
+    assert same["engine"]["drafts"] > 10 and same["lab"]["tau"] > 1.1, same  # the draft does accept: not 1 against 1
+    assert same["engine"]["tau"] == pytest.approx(same["lab"]["tau"], rel=0.10), (draft, engine, same)
     if engine == "vllm":  # position by position, from vLLM's own counters
-        assert len(other["per_position"]) == measured["drafts"][draft]["k"]
-        assert other["per_position"][0] == pytest.approx(lab["per_position"][0], abs=0.08)
+        assert len(same["engine"]["per_position"]) == measured["drafts"][draft]["k"]
+        assert same["engine"]["per_position"][0] == pytest.approx(same["lab"]["per_position"][0], abs=0.08)
 
 
 @pytest.mark.slow

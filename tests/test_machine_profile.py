@@ -38,7 +38,7 @@ import pytest
 
 from specdec_lab.analysis import roofline as rf
 from specdec_lab.bench import machine
-from specdec_lab.bench.machine import format_profile, load_profile, ridge_rows
+from specdec_lab.bench.machine import format_profile, forward_cost, load_profile, ridge_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
@@ -50,6 +50,13 @@ FORWARD_KEYS = ["rows", "context", "rounds", "ms_median", "ratio_to_one_row", "r
 
 
 # --------------------------------------------------------------------------- 1. the stored profile
+
+def test_a_forward_between_two_measured_row_counts_is_priced_on_the_line_between_them():
+    p = {"forward": {"rows": [1, 2, 4], "ratio_to_one_row": [1.0, 1.2, 2.0]}}
+    assert forward_cost(p, 2) == 1.2 and forward_cost(p, 3) == pytest.approx(1.6)
+    with pytest.raises(ValueError, match=r"rows must be an int in \[1, 4\] \(the profile's range\), got 5"):
+        forward_cost(p, 5)
+
 
 def test_the_stored_profile_has_its_keys():
     assert list(PROFILE) == KEYS

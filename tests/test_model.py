@@ -24,8 +24,11 @@ from specdec_lab.io.weights import build_model, config_from_hf, from_hf_state_di
 
 # Logits of the default target reach about 30 in magnitude; two float32 GEMMs that sum in a
 # different order (MKL's, oneDNN's packed one, transformers') differ by ~1e-4 there. A
-# conversion or layer bug shows up as 1e-2 or more.
-TOL = 2e-4
+# conversion or layer bug shows up as 1e-2 or more. The order of the sums depends on the
+# processor: the largest difference measured was 9.4e-5 (plain) and 1.3e-4 (fast twin) on an
+# AVX-512 machine, under 1e-4 on an AVX2 one, so the bound sits at 4.5 times the largest,
+# still 17 times under a bug.
+TOL = 6e-4
 LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 64}
 

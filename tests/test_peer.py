@@ -4,9 +4,15 @@ from pathlib import Path
 
 import pytest
 
-from specdec_lab.bench.peer import LlamaServer, PeerConfig, exported_draft_gguf, format_peer, llama_server_path
+import specdec_lab as sl
+from specdec_lab.bench.peer import (NEAR_TIE, SAME_PROPOSAL_FLOOR, LlamaServer, PeerConfig, computes_the_labs_draft,
+                                    draft_agreement, exported_draft_gguf, format_peer, llama_server_path,
+                                    whole_head_draft)
 from specdec_lab.core.text import encode_prompt
 from specdec_lab.io.assets import ensure_gguf
+from specdec_lab.io.pair import default_draft_dir
+from specdec_lab.lab.pitfalls import export_gguf_draft_hf_rope_order
+from specdec_lab.train.prompts import BENCH_PROMPTS
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 # peer.json: the lab, llama.cpp and vLLM side by side (vLLM's compiled mode in a second wave);
@@ -23,6 +29,51 @@ def test_bad_configuration_is_refused():
         PeerConfig(num_prompts=0)
     with pytest.raises(ValueError, match="at most 16"):
         PeerConfig(k=17)
+
+
+def test_an_export_computes_the_labs_draft_only_if_it_parts_rarely_and_only_at_near_ties():
+    row = lambda same, gaps: {"same_proposal": same, "disagreement_gaps": gaps}
+    assert computes_the_labs_draft(row(1.0, []))
+    assert computes_the_labs_draft(row(SAME_PROPOSAL_FLOOR, [0.001, -0.002]))
+    assert not computes_the_labs_draft(row(SAME_PROPOSAL_FLOOR - 0.001, [0.001]))  # too many disagreements
+    assert not computes_the_labs_draft(row(0.999, [NEAR_TIE * 2]))  # one, but no near-tie: another function
+
+
+@pytest.mark.slow
+def test_the_exported_draft_proposes_in_llama_cpp_what_it_proposes_in_the_lab_and_a_broken_export_does_not(
+        tmp_path):
+    """Chapter 14's claim, on other prompts: both engines asked for the draft's proposal at every position
+    of the same answers (the lab target's), so where two engines' greedy answers part does not matter."""
+    pair = sl.load_default_pair()
+    sequences = []
+    for p in BENCH_PROMPTS[8:11]:  # prompts the chapter's claim does not use
+        ids = encode_prompt(pair.tokenizer, p)
+        sequences.append((ids, sl.autoregressive_generate(pair.target, ids, 32).tokens))
+    with pytest.raises(ValueError, match="compare with whole_head_draft"):
+        draft_agreement(pair.draft, exported_draft_gguf(), sequences)  # the engine's draft: a subset head
+    good = draft_agreement(whole_head_draft(), exported_draft_gguf(), sequences)
+    broken = export_gguf_draft_hf_rope_order(default_draft_dir(), ensure_gguf(), tmp_path / "hf_order.gguf")
+    bad = draft_agreement(whole_head_draft(), broken, sequences)
+    assert good["positions"] == bad["positions"] == sum(len(c) for _, c in sequences)
+    assert good["alpha"]["lab"] == bad["alpha"]["lab"] > 0.2, "the lab's side is one computation"
+    assert computes_the_labs_draft(good), good
+    assert not computes_the_labs_draft(bad), bad
+    assert bad["alpha"]["llamacpp"] < good["alpha"]["llamacpp"], "the broken export proposes the answer less often"
+
+
+def test_the_stored_noise_record_puts_the_claims_bounds_between_rounding_and_a_broken_export():
+    """docs/peer_noise.json (scripts/peer_noise.py): two builds at one and two threads. The float32 export and
+    the float16 one (a far larger rounding than a build's) pass the claim in every run; the broken export
+    fails it in every run, by a wide margin. The old comparison, live shares with the Q4_1 target, moved."""
+    doc = json.loads((DOCS / "peer_noise.json").read_text())
+    assert len(doc["config"]["builds"]) == 2 and len(doc["runs"]) == 4
+    for name, run in doc["runs"].items():
+        a = run["agreement"]
+        assert a["f32"]["positions"] == a["f16"]["positions"] >= 30 * doc["config"]["prompts"], name
+        assert computes_the_labs_draft(a["f32"]) and computes_the_labs_draft(a["f16"]), name
+        assert not computes_the_labs_draft(a["hf_rope_order"]), name
+        assert a["hf_rope_order"]["same_proposal"] < SAME_PROPOSAL_FLOOR - 0.3, name
+        assert max(map(abs, a["f16"]["disagreement_gaps"]), default=0) < NEAR_TIE / 2, name
 
 
 def test_set_up_built_llama_server():

@@ -16,7 +16,10 @@ for the token draft (vLLM's "draft_model", llama.cpp's draft-simple) and the EAG
 tau = 1 + accepted / drafts (tokens a verification step commits), with vLLM's and the lab's
 acceptance by position; llama.cpp reports totals only, so its drafts are its drafted tokens over K.
 Greedy answers are compared token for token with the lab's autoregressive ones; where they part,
-the float32 target's logit gap there says whether it is a near-tie (run.first_difference).
+the float32 target's logit gap there says whether it is a near-tie (run.first_difference). Where
+they part, the two engines go on to continue different texts, so each engine's row also holds
+both engines' acceptance over the same tokens ("on_lab_tokens": each prompt cut where its answers
+parted): the figure to hold an engine to, whichever way another build's rounding breaks a tie.
 
 The servers are vllm_server.VllmServer and peer.LlamaServer; the files they read, exports.engine_files.
 """
@@ -90,16 +93,31 @@ def run_engine_acceptance(num_prompts=12, max_new_tokens=64, drafts=("token", "e
         diffs = [first_difference(target, p, r, o) for p, r, o in zip(prompts, reference, outputs) if r != o]
         return {"same_as_lab_autoregressive": same, "of": len(reference), "first_differences": diffs}
 
+    def on_lab_tokens(outputs, counts, recount, lab):
+        """Both engines' acceptance over the same tokens. Where an engine's greedy answer parts from the lab's
+        at a near-tie (another build's rounding), the two go on to continue different texts, and a draft's
+        acceptance moves with the text. Where every answer is the lab's, the counts as measured; else each
+        prompt again in both engines, cut where its answers parted (recount and lab: lengths -> counts)."""
+        lengths = [next((i for i, (a, b) in enumerate(zip(r, o)) if a != b), min(len(r), len(o)))
+                   for r, o in zip(reference, outputs)]
+        if lengths == [len(r) for r in reference] and all(len(o) == len(r) for o, r in zip(outputs, reference)):
+            return {"tokens": sum(lengths), "recounted": False, "engine": acceptance(**counts),
+                    "lab": acceptance(**lab_counts(lab_results, k))}
+        lab_again = [lab.generate(ids, max_new_tokens=n) for ids, n in zip(prompts, lengths) if n > 0]
+        return {"tokens": sum(lengths), "recounted": True, "engine": acceptance(**recount(lengths)),
+                "lab": acceptance(**lab_counts(lab_again, k))}
+
     for name in drafts:
         k = DRAFT_KS[name]
         rows = {}
+        draft = pair.draft if name == "token" else load_eagle3_draft(target)
+        engine = SpeculativeEngine(target, draft, k=k)
         if "lab" in engines:
             log(f"{name} draft in the lab, K = {k} ...")
-            draft = pair.draft if name == "token" else load_eagle3_draft(target)
-            engine = SpeculativeEngine(target, draft, k=k)
-            results = [engine.generate(ids, max_new_tokens=max_new_tokens) for ids in prompts]
-            counts = lab_counts(results, k)
-            rows["lab"] = {**acceptance(**counts), **compare([r.tokens for r in results])}
+            lab_results = [engine.generate(ids, max_new_tokens=max_new_tokens) for ids in prompts]
+            rows["lab"] = {**acceptance(**lab_counts(lab_results, k)), **compare([r.tokens for r in lab_results])}
+        else:
+            lab_results = [engine.generate(ids, max_new_tokens=max_new_tokens) for ids in prompts]
         if "vllm" in engines:
             log(f"{name} draft in vLLM, K = {k} (starting its server) ...")
             spec = {"method": "draft_model" if name == "token" else "eagle3",
@@ -107,10 +125,14 @@ def run_engine_acceptance(num_prompts=12, max_new_tokens=64, drafts=("token", "e
                     "num_speculative_tokens": k}
             with VllmServer(files["target_dir"], spec, threads=threads) as server:
                 server.complete(prompts[0], 4)  # warm-up, not counted
-                before = server.spec_counters()
-                outputs = [server.complete(ids, max_new_tokens) for ids in prompts]
-                counts = counts_since(before, server.spec_counters())
-                rows["vllm"] = {**acceptance(**counts), **compare(outputs), "command": server.command}
+
+                def vllm_counts(lengths):
+                    before = server.spec_counters()
+                    outs = [server.complete(ids, n) for ids, n in zip(prompts, lengths) if n > 0]
+                    return outs, counts_since(before, server.spec_counters())
+                outputs, counts = vllm_counts([max_new_tokens] * len(prompts))
+                rows["vllm"] = {**acceptance(**counts), **compare(outputs), "command": server.command,
+                                "on_lab_tokens": on_lab_tokens(outputs, counts, lambda n: vllm_counts(n)[1], engine)}
                 doc["vllm_metric_families"] = metric_families(server.metrics_text())
         if "llamacpp" in engines:
             log(f"{name} draft in llama.cpp, K = {k} (starting llama-server) ...")
@@ -118,11 +140,16 @@ def run_engine_acceptance(num_prompts=12, max_new_tokens=64, drafts=("token", "e
             spec_type = "draft-simple" if name == "token" else "draft-eagle3"
             with LlamaServer(files["target_gguf"], draft_file, k, threads=threads, spec_type=spec_type) as server:
                 server.complete(prompts[0], 4)
-                outs = [server.complete(ids, max_new_tokens) for ids in prompts]
-                drafted = sum(o["timings"].get("draft_n", 0) for o in outs)
-                accepted = sum(o["timings"].get("draft_n_accepted", 0) for o in outs)
-                rows["llamacpp"] = {**acceptance(drafted / k, drafted, accepted), **compare([o["tokens"] for o in outs]),
-                                    "command": server.command,
+
+                def llama_counts(lengths):
+                    outs = [server.complete(ids, n) for ids, n in zip(prompts, lengths) if n > 0]
+                    drafted = sum(o["timings"].get("draft_n", 0) for o in outs)
+                    accepted = sum(o["timings"].get("draft_n_accepted", 0) for o in outs)
+                    return outs, {"drafts": drafted / k, "draft_tokens": drafted, "accepted": accepted}
+                outs, counts = llama_counts([max_new_tokens] * len(prompts))
+                outputs = [o["tokens"] for o in outs]
+                rows["llamacpp"] = {**acceptance(**counts), **compare(outputs), "command": server.command,
+                                    "on_lab_tokens": on_lab_tokens(outputs, counts, lambda n: llama_counts(n)[1], engine),
                                     "note": "llama.cpp reports drafted and accepted tokens per request; drafts = "
                                             "drafted tokens / K"}
         lab_tau = rows.get("lab", {}).get("tau")

@@ -134,6 +134,17 @@ def load_profile(path=PROFILE) -> dict:
     return json.loads(path.read_text())
 
 
+def forward_cost(p: dict, rows: int) -> float:
+    """The profile's forward of `rows` rows over one row's, linear between the row counts it measured."""
+    xs, ys = p["forward"]["rows"], p["forward"]["ratio_to_one_row"]
+    if not isinstance(rows, int) or not xs[0] <= rows <= xs[-1]:
+        raise ValueError(f"rows must be an int in [{xs[0]}, {xs[-1]}] (the profile's range), got {rows!r}")
+    i = next(i for i, x in enumerate(xs) if x >= rows)
+    if xs[i] == rows:
+        return ys[i]
+    return ys[i - 1] + (ys[i] - ys[i - 1]) * (rows - xs[i - 1]) / (xs[i] - xs[i - 1])
+
+
 def format_profile(p: dict) -> str:
     f = p["forward"]
     lines = [f"machine profile ({p['date']}, {p['cpu']}), one thread of {p['cores']}:",

@@ -38,10 +38,11 @@ from pathlib import Path
 import torch
 
 from ..analysis.timing import Clock
-from ..api import SpeculativeEngine, autoregressive_generate, load_default_pair, load_eagle3_draft
+from ..api import SpeculativeEngine, autoregressive_generate, load_default_pair, load_eagle3_draft, load_pair
 from ..core.config import cache_dir
 from ..core.text import encode_prompt
 from ..cpu import QuantizedDecoding, SelfDraft
+from ..drafters.vocab_subset import VocabSubsetHead
 from ..io.assets import ensure_default_target, ensure_gguf
 from ..io.export import export_gguf_draft
 from ..io.pair import default_draft_dir
@@ -55,12 +56,14 @@ from .vllm_server import VLLM_SOURCE, VllmServer, _free_port, counts_since
 LLAMA_CPP_SOURCE = "llama.cpp vendored in llama-cpp-python 0.3.36 (PyPI sdist)"
 
 
-def llama_server_path() -> Path:
-    """The llama-server that scripts/build_llama_cpp.sh built, or FileNotFoundError saying how to build it."""
-    path = cache_dir() / "llama.cpp" / "bin" / "llama-server"
+def llama_server_path(arch="native") -> Path:
+    """The llama-server that scripts/build_llama_cpp.sh built, or FileNotFoundError saying how to build it.
+    arch: "native" (the build the lab runs), else the -march of a second build (LLAMA_ARCH=arch)."""
+    path = cache_dir() / ("llama.cpp" if arch == "native" else f"llama.cpp-{arch}") / "bin" / "llama-server"
     if not os.access(path, os.X_OK):
-        raise FileNotFoundError(f"llama-server is not built ({path} is missing): run `make peer` "
-                                f"(bash scripts/build_llama_cpp.sh)")
+        how = "`make peer` (bash scripts/build_llama_cpp.sh)" if arch == "native" else \
+            f"LLAMA_ARCH={arch} bash scripts/build_llama_cpp.sh"
+        raise FileNotFoundError(f"llama-server is not built ({path} is missing): run {how}")
     return path
 
 
@@ -78,11 +81,12 @@ class LlamaServer:
 
     threads: llama.cpp's -t and -tb, and the draft's; k: tokens drafted per step, always k: no
     minimum probability, no minimum length. spec_type: draft-simple for a token draft, draft-eagle3
-    for an EAGLE-3 draft (which reads the target's layer states)."""
+    for an EAGLE-3 draft (which reads the target's layer states). arch: which build (llama_server_path)."""
 
     SPEC_TYPES = ("draft-simple", "draft-eagle3")
 
-    def __init__(self, model, draft=None, k=None, threads=1, ctx=2048, spec_type="draft-simple", parallel=1):
+    def __init__(self, model, draft=None, k=None, threads=1, ctx=2048, spec_type="draft-simple", parallel=1,
+                 arch="native"):
         if draft is not None and (isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= 16):
             raise ValueError(f"k must be an int in [1, 16] with a draft, got {k!r}")
         if spec_type not in self.SPEC_TYPES:
@@ -91,7 +95,7 @@ class LlamaServer:
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {v!r}")
         self.port = _free_port()
-        self.command = [str(llama_server_path()), "-m", str(model), "-t", str(threads), "-tb", str(threads),
+        self.command = [str(llama_server_path(arch)), "-m", str(model), "-t", str(threads), "-tb", str(threads),
                         "-c", str(ctx), "-np", str(parallel), "--host", "127.0.0.1", "--port", str(self.port), "--no-ui"]
         if draft is not None:
             self.command += ["-md", str(draft), "--spec-type", spec_type, "--spec-draft-n-max", str(k),
@@ -142,6 +146,70 @@ class LlamaServer:
         with urllib.request.urlopen(req, timeout=600) as r:
             out = json.loads(r.read())
         return {"tokens": list(out["tokens"]), "timings": out["timings"]}
+
+    def proposals(self, ids, continuation) -> list:
+        """The model's greedy next token after ids + continuation[:i], for every i < len(continuation):
+        what it would propose at each position of a fixed token sequence. The prompt cache is on, so
+        each request reads one new token (the model alone, no draft: start the server without one)."""
+        out = []
+        for i in range(len(continuation)):
+            body = {"prompt": list(ids) + list(continuation[:i]), "n_predict": 1, "temperature": 0.0, "top_k": 1,
+                    "cache_prompt": True, "return_tokens": True, "stream": False}
+            req = urllib.request.Request(f"http://127.0.0.1:{self.port}/completion", data=json.dumps(body).encode(),
+                                         headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=600) as r:
+                out.append(json.loads(r.read())["tokens"][0])
+        return out
+
+
+# What "the export computes the lab's draft" allows, from docs/peer_noise.json (scripts/peer_noise.py): two
+# builds of llama.cpp on one machine (AVX-512 and AVX2), at one and two threads, asked for the float32
+# export's proposal at every position of the lab's answers to 24 prompts. The float16 export, whose
+# half-precision products round far more than a build's order of sums does, is the noise to stay above.
+SAME_PROPOSAL_FLOOR = 0.98  # the share of positions where both propose the same token
+NEAR_TIE = 0.05  # logits: the largest lab-draft gap allowed at a disagreement
+
+
+def computes_the_labs_draft(agreement) -> bool:
+    """Whether a draft_agreement result says the export computes the lab's draft: the same proposal almost
+    everywhere, and every disagreement at a near-tie of the lab's draft (a rounding difference, not a bug)."""
+    gaps = agreement["disagreement_gaps"]
+    return agreement["same_proposal"] >= SAME_PROPOSAL_FLOOR and all(abs(g) < NEAR_TIE for g in gaps)
+
+
+def whole_head_draft():
+    """The shipped draft as its export holds it, with the whole vocabulary's head. The lab's engine restricts
+    the head to the draft folder's vocab_subset.json; the exports carry every row, so that llama.cpp and vLLM
+    need nothing of the lab's to run it."""
+    return load_pair(ensure_default_target(), default_draft_dir(), vocab_subset_head=False).draft
+
+
+def draft_agreement(draft, draft_gguf, sequences, threads=1, arch="native") -> dict:
+    """The lab's draft and its GGUF export in llama-server, asked for their proposal at every position of
+    the same token sequences: [(prompt ids, continuation)], the continuation the target's greedy answer.
+
+    Compared on the same tokens, the two do not depend on where two engines' greedy answers part: each
+    position is one question put to both. Returns the positions, the share where both propose the same
+    token ("same_proposal"), each engine's share that is the target's next token ("alpha": the share a
+    greedy target accepts position by position), and at each disagreement the lab draft's logit gap
+    between its token and llama.cpp's (a near-tie is a rounding difference; a large gap, a wrong export).
+    draft: the lab's model of what the GGUF holds (for the shipped draft, whole_head_draft())."""
+    if isinstance(draft.head, VocabSubsetHead):
+        raise ValueError("draft has its head restricted to a vocabulary subset, and the export holds the whole "
+                         "head: compare with whole_head_draft()")
+    lab, engine, gaps = [], [], []
+    with LlamaServer(draft_gguf, threads=threads, arch=arch) as server:
+        for ids, cont in sequences:
+            x = torch.tensor([list(ids) + list(cont)[:-1]], device=draft.device)
+            with torch.no_grad():
+                logits = draft(x)[0, len(ids) - 1:]  # (len(cont), V): the proposal for each continuation token
+            mine, theirs = logits.argmax(-1).tolist(), server.proposals(ids, cont)
+            gaps += [float(logits[i, a] - logits[i, b]) for i, (a, b) in enumerate(zip(mine, theirs)) if a != b]
+            lab += [a == t for a, t in zip(mine, cont)]
+            engine += [b == t for b, t in zip(theirs, cont)]
+    n = len(lab)
+    return {"positions": n, "same_proposal": 1 - len(gaps) / n, "alpha": {"lab": sum(lab) / n, "llamacpp": sum(engine) / n},
+            "disagreement_gaps": sorted(gaps)}
 
 
 # ----------------------------------------------------------------------------- the side-by-side run
