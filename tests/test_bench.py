@@ -239,6 +239,25 @@ def test_ratios_are_the_quotients_of_the_tokens_per_second_figures(quick_doc):
 
 
 @pytest.mark.slow
+def test_a_quick_run_prints_its_figures_and_judges_no_target(quick_doc):
+    t = quick_doc["targets"]
+    assert t["not_judged"].startswith("a --quick run is a smoke test")
+    judged = {n: v for n, v in t.items() if isinstance(v, dict)}
+    assert judged and all(v["met"] is None and v["value"] is not None for v in judged.values()), judged
+    table = bench.format_table(quick_doc)
+    assert "NOT JUDGED, a --quick run is a smoke test" in table and "not judged" in table
+    assert " met" not in table.replace("NOT met", ""), "a quick run never says a target is met"
+
+
+def test_only_a_full_run_is_held_to_the_targets():
+    assert bench.judged(bench.BenchConfig()) is None
+    assert bench.judged(bench.BenchConfig(max_new_tokens=64, num_prompts=24)) is None
+    assert "2 of the 24 prompts" in bench.judged(bench.BenchConfig(num_prompts=2))
+    assert "16 new tokens" in bench.judged(bench.BenchConfig(max_new_tokens=16))
+    assert "smoke test" in bench.judged(bench.BenchConfig(quick=True))
+
+
+@pytest.mark.slow
 def test_predicted_speedup_is_theorem_3_8_from_the_measured_alpha_and_c(quick_doc):
     c = quick_doc["costs"]["c"]
     costs = quick_doc["costs"]

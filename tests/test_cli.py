@@ -108,6 +108,22 @@ def test_prompts_synthesize_writes_a_file_that_accounts_for_every_attempt(tmp_pa
 
 
 @pytest.mark.slow
+def test_prompts_without_out_write_into_the_cache_not_the_working_folder():
+    from specdec_lab.core.config import cache_dir
+    name = "prompts_magpie_seed9137.json"
+    proc = run_cli("prompts", "--synthesize", "1", "--batch-size", "2", "--max-attempts", "2", "--max-new-tokens", "8",
+                   "--seed", "9137")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    written = cache_dir() / "prompts" / name
+    try:
+        assert str(written) in proc.stdout and not (ROOT / name).exists(), proc.stdout
+        assert json.loads((written if written.exists() else Path(f"{written}.partial")).read_text())["seed"] == 9137
+    finally:
+        for f in written.parent.glob(name + "*"):
+            f.unlink()
+
+
+@pytest.mark.slow
 def test_acceptance_reports_agreement_by_position_and_tokens_per_step():
     proc = run_cli("acceptance", "--sets", "held-out,bench", "--num-prompts", "2", "--max-new-tokens", "8",
                    "--k-max", "3", "--json")

@@ -16,6 +16,7 @@ from specdec_lab.__main__ import build_parser
 from specdec_lab.bench.main import bench_threads
 from specdec_lab.bench.report import format_table
 from specdec_lab.bench.serve import format_serve
+from specdec_lab.core.text import encode_prompt
 from specdec_lab.io.pair import LoadError
 from specdec_lab.train.magpie import SynthesisConfig, attempts_log, synthesize_prompts
 
@@ -324,3 +325,79 @@ def test_a_long_prompt_past_the_drafts_positions_is_refused_before_the_models_lo
     assert "loading" not in proc.stderr, "refused before any model loads"
     temperature = run_cli("generate", "--prompt", PROMPT, "--temperature", "1e-45")
     assert_one_line_error(temperature, "--temperature", "1e-05")
+
+
+# ----------------------------------------------------------------------------- issue 57: the second first hour
+
+@pytest.mark.parametrize("cmd, args, words", [
+    ("generate", ("--prompt", PROMPT, "--max-seq-len", "100000"), ("--max-seq-len 100000", "the draft", "at most 4096")),
+    ("generate", ("--prompt", PROMPT, "--max-seq-len", "60"),  # the prompt alone is 34 tokens: 34 + 16 + 17 > 60
+     ("--max-new-tokens 16", "--max-seq-len 60", "17 (the positions one speculative step may write")),
+    ("generate", ("--prompt", PROMPT, "--self-draft", "--draft", "x"), ("--self-draft", "no --draft")),
+    ("generate", ("--prompt", PROMPT, "--raw", "--system", "Be brief."), ("--raw", "no --system")),
+    ("generate", ("--prompt", PROMPT, "--top-k", "-1"), ("--top-k", "-1", ">= 0")),
+    ("generate", ("--prompt", PROMPT, "--threads", "0"), ("--threads", "0", ">= 1")),
+    ("generate", ("--prompt-file", "/no/such/prompt.txt"), ("--prompt-file /no/such/prompt.txt", "no such file")),
+    ("generate", ("--prompt", PROMPT, "--prompt-file", "x"), ("--prompt-file", "not allowed with", "--prompt")),
+    ("serve", ("--k", "-1"), ("--k", "-1", "[0, 16]", "serve --help")),
+    ("serve", ("--threads", "0"), ("--threads", "0", ">= 1")),
+    ("bench", ("--no-such-option",), ("unrecognized arguments: --no-such-option",)),
+])
+def test_every_subcommands_bad_option_is_one_line_naming_it_and_the_smallest_limit_comes_first(cmd, args, words):
+    """Before: serve printed a 9-line usage block; --max-seq-len 100000 named the target's 8,192 and then,
+    on the second try, the draft's 4,096; a prompt too long for the cache was refused after loading, with the
+    warm-up's 8 tokens in the message. Every one of these is one line, before any model loads."""
+    extra = ("--max-new-tokens", "16") if "60" in args else ()
+    proc = run_cli(cmd, *args, *extra)
+    assert_one_line_error(proc, *words)
+    assert "loading" not in proc.stderr, "refused before any model loads"
+
+
+def test_options_that_slow_the_cpu_down_say_so_before_loading(capsys):
+    from specdec_lab.__main__ import cpu_warnings
+    args = build_parser().parse_args(["generate", "--prompt", PROMPT, "--dtype", "float16", "--compile"])
+    cpu_warnings(args)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert [line.split(":")[0] for line in err] == ["warning", "warning"], err
+    assert "--dtype float16 on the CPU" in err[0] and "--compile on the CPU" in err[1], err
+    cpu_warnings(build_parser().parse_args(["generate", "--prompt", PROMPT]))
+    assert capsys.readouterr().err == "", "the defaults warn of nothing"
+
+
+def test_a_system_turn_replaces_the_templates_and_raw_skips_the_template(default_target):
+    tok = default_target.tokenizer
+    plain, system = encode_prompt(tok, PROMPT), encode_prompt(tok, PROMPT, system="Answer in French.")
+    assert "Answer in French." in tok.decode(system) and "Answer in French." not in tok.decode(plain)
+    assert tok.decode(plain).count("<|im_start|>system") == tok.decode(system).count("<|im_start|>system") == 1
+    assert encode_prompt(tok, PROMPT, raw=True) == tok.encode(PROMPT)
+    with pytest.raises(ValueError, match="system goes with a text prompt"):
+        encode_prompt(tok, [1, 2, 3], system="x")
+
+
+@pytest.mark.slow
+def test_generate_reads_its_prompt_from_stdin_with_a_system_turn_top_k_and_threads(default_target):
+    """The options llama.cpp's and vLLM's users reach for: a prompt from a file or standard input, a system
+    turn, --top-k, --threads. Greedy, the answer is the library's for the same ids."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    args = ["generate", "--prompt-file", "-", "--system", "Answer in one word.", "--top-k", "5", "--threads", "1",
+            "--max-new-tokens", "8", "--json", "--no-warmup"]
+    proc = subprocess.run([sys.executable, "-m", "specdec_lab", *args], cwd=ROOT, env=env, input=PROMPT,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    doc = json.loads(proc.stdout)
+    ids = encode_prompt(default_target.tokenizer, PROMPT, system="Answer in one word.")
+    assert doc["prompt_tokens"] == len(ids)
+    assert doc["tokens"] == sl.autoregressive_generate(default_target, ids, max_new_tokens=8, top_k=5).tokens
+
+
+def test_acceptance_quick_is_a_smoke_run_and_the_options_given_still_win():
+    from specdec_lab.__main__ import check_acceptance_options
+    args = build_parser().parse_args(["acceptance", "--quick"])
+    check_acceptance_options(args)
+    assert (args.num_prompts, args.max_new_tokens) == (6, 32)
+    args = build_parser().parse_args(["acceptance", "--quick", "--num-prompts", "2", "--max-new-tokens", "8"])
+    check_acceptance_options(args)
+    assert (args.num_prompts, args.max_new_tokens) == (2, 8)
+    args = build_parser().parse_args(["acceptance"])
+    check_acceptance_options(args)
+    assert (args.num_prompts, args.max_new_tokens) == (None, 64), "without --quick: every prompt, 64 tokens"

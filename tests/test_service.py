@@ -224,6 +224,30 @@ def test_the_sdk_sees_openai_errors_and_malformed_bodies_get_400_or_413(tiny):
     assert r.status_code == 413 and r.json()["error"]["code"] == "body_too_large"
 
 
+def test_unknown_routes_and_methods_answer_in_openais_error_shape(tiny):
+    r = httpx.post(tiny.url + "/v1/embeddings", json={"input": "hi"})
+    assert r.status_code == 404 and r.json()["error"]["code"] == "not_found", r.text
+    assert "POST /v1/embeddings" in r.json()["error"]["message"] and "POST /v1/completions" in r.json()["error"]["message"]
+    r = httpx.get(tiny.url + "/v1/completions")
+    assert r.status_code == 405 and r.json()["error"]["code"] == "method_not_allowed", r.text
+    assert "POST" in r.headers["allow"], "the methods that are allowed, as HTTP asks"
+    with pytest.raises(openai.NotFoundError) as e:  # the SDK reads the message from the body
+        tiny.client().embeddings.create(model="tiny", input="hi")
+    assert "no such route" in str(e.value)
+
+
+def test_a_port_in_use_is_refused_before_anything_loads():
+    from specdec_lab.service.app import check_port_free
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        with pytest.raises(OSError, match=f"--port {port} cannot be served"):
+            check_port_free("127.0.0.1", port)
+    check_port_free("127.0.0.1", port)  # closed: free again
+    check_port_free("127.0.0.1", 0)  # any free port
+
+
 def test_without_the_api_key_nothing_runs():
     running = Running(_service(api_key="sesame"))
     try:

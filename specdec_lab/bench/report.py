@@ -62,14 +62,16 @@ def format_table(doc) -> str:
                  f"at {rf['ar_decode_tokens_per_second']:.1f} tokens/s = {rf['achieved_bytes_per_s'] / 1e9:.1f} GB/s, "
                  f"{100 * rf['fraction_of_bandwidth']:.0f}% of it "
                  f"(ceiling {rf['ceiling_tokens_per_second']:.0f} tokens/s)"]
-    rows.append("targets (docs/design.md; the best speculative system per temperature):")
+    not_judged = doc["targets"].get("not_judged")
+    rows.append("targets (docs/design.md; the best speculative system per temperature)"
+                + (f": NOT JUDGED, {not_judged}" if not_judged else ":"))
     for n, v in doc["targets"].items():
         if isinstance(v, dict):
             rel = "<=" if "prediction_error" in n else ">="
             ci = f"  (95% over prompts: {v['ci95'][0]:.2f}-{v['ci95'][1]:.2f})" if v.get("ci95") else ""
-            rows.append(f"  {n:45s} {_f(v['value'], '6.2f')}  target {rel} {v['target']:<5}"
-                        f"{'met' if v['met'] else 'NOT met'}{ci}")
-        else:
+            verdict = "not judged" if v["met"] is None else "met" if v["met"] else "NOT met"
+            rows.append(f"  {n:45s} {_f(v['value'], '6.2f')}  target {rel} {v['target']:<5}{verdict}{ci}")
+        elif n != "not_judged":
             rows.append(f"  {n:45s} {v}")
     rows.append("pred: Theorem 3.8 of arXiv 2211.17192 from alpha and c; pred+v: with the measured cost of "
                 "verifying K+1 tokens; K: the draft length set, mean K: the mean drafted per step; alpha: E[min(1, p/q)] per "

@@ -293,13 +293,27 @@ def roofline_report(target, ar: Tally, prompt_ids, bandwidth: float, source: str
             "ceiling_tokens_per_second": bandwidth / per_token}
 
 
-def _targets(results, roofline) -> dict:
-    """The project's speed targets (docs/design.md), each with its target and whether this run met it."""
-    out = {}
+def judged(cfg) -> str | None:
+    """None where a run can say whether it met the speed targets; else why it cannot. A target is a claim
+    about the whole benchmark: a few prompts and a few tokens give a figure, not a verdict."""
+    full = len(PROMPT_SETS[cfg.prompt_set])
+    if cfg.quick:
+        return "a --quick run is a smoke test: it prints figures and establishes no target"
+    if cfg.num_prompts is not None and cfg.num_prompts < full:
+        return f"{cfg.num_prompts} of the {full} prompts: only a run over all of them is held to the targets"
+    if cfg.max_new_tokens < 64:
+        return f"{cfg.max_new_tokens} new tokens a prompt: only runs of 64 or more are held to the targets"
+    return None
+
+
+def _targets(results, roofline, not_judged=None) -> dict:
+    """The project's speed targets (docs/design.md), each with its target and whether this run met it; "met"
+    is None for every target where the run cannot tell (not_judged: why, from `judged`)."""
+    out = {} if not_judged is None else {"not_judged": not_judged}
 
     def put(name, value, target, at_least=True, ci95=None):
-        out[name] = {"value": value, "target": target,
-                     "met": None if value is None else (value >= target if at_least else value <= target)}
+        met = None if value is None or not_judged else (value >= target if at_least else value <= target)
+        out[name] = {"value": value, "target": target, "met": met}
         if ci95 is not None:
             out[name]["ci95"] = ci95
 
@@ -394,7 +408,7 @@ def run_bench(target, draft, cfg: BenchConfig, hf_target=None, hf_draft=None, lo
                   "verify_seconds": costs.verify, "verify_cost": {k: costs.verify_cost(k) for k in costs.verify}},
         "roofline": rf,
         "results": results,
-        "targets": _targets(results, rf),
+        "targets": _targets(results, rf, judged(cfg)),
     }
 
 

@@ -12,6 +12,7 @@ import contextlib
 import functools
 import hmac
 import json
+import socket
 
 import uvicorn
 from starlette.applications import Starlette
@@ -21,7 +22,7 @@ from starlette.routing import Route
 from .detok import Detokenizer
 from .loop import Busy, Closed, EngineLoop
 from .metrics import CONTENT_TYPE_LATEST, ServiceMetrics
-from .protocol import ApiError, bad, chunk_body, completion_body, parse_request, usage_chunk
+from .protocol import ApiError, bad, chunk_body, completion_body, error_body, parse_request, usage_chunk
 
 BODY_LIMIT = 1 << 20  # bytes: a prompt the server can hold is far smaller
 
@@ -53,7 +54,34 @@ def build_app(service) -> Starlette:
               Route("/v1/models", _api(service, lambda r: _models(service)), methods=["GET"]),
               Route("/health", functools.partial(_health, service), methods=["GET"]),
               Route("/metrics", functools.partial(_metrics, service), methods=["GET"])]
-    return Starlette(routes=routes, lifespan=lifespan)
+    return Starlette(routes=routes, lifespan=lifespan,
+                     exception_handlers={404: _unknown_route, 405: _unknown_route})
+
+
+ROUTES = "POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health and GET /metrics"
+
+
+async def _unknown_route(request, exc):
+    """A path or a method this server does not serve, answered in OpenAI's error shape (a client's SDK reads
+    the message from there) rather than as plain text."""
+    what = "no such route" if exc.status_code == 404 else "this method is not allowed here"
+    return JSONResponse(error_body(f"{what}: {request.method} {request.url.path}; this server answers {ROUTES}",
+                                   code="not_found" if exc.status_code == 404 else "method_not_allowed"),
+                        status_code=exc.status_code, headers=getattr(exc, "headers", None))
+
+
+def check_port_free(host, port):
+    """OSError naming the address where another process already listens on it: said before the models load
+    and before "serving ...", not after uvicorn's startup lines."""
+    if port == 0:
+        return
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            raise OSError(e.errno, f"--host {host} --port {port} cannot be served: {e.strerror} (another process "
+                                   f"listens there; choose another --port, or 0 for any free one)") from None
 
 
 class _Uvicorn(uvicorn.Server):

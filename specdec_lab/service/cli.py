@@ -4,7 +4,7 @@ import math
 
 from ..core.config import MAX_K
 from ..serve import BatchEngine, GoodputPolicy, KSchedule, Server, measure_step_costs
-from .app import Service, run
+from .app import Service, check_port_free, run
 
 
 def serve_k(text):
@@ -34,7 +34,7 @@ def add_serve_parser(sub, common):
     s.add_argument("--draft", help="hub id or folder of the draft (default: the shipped draft)")
     s.add_argument("--k", type=serve_k, default=4, help="draft length: an int in [0, 16] (0: plain batched "
                    "decoding), schedule (K by batch size, as bench --serve) or goodput (K per step from step "
-                   "costs measured at start; default %(default)s)")
+                   "costs it measures before it serves: minutes on a 2-core CPU; default %(default)s)")
     s.add_argument("--max-batch", type=int, default=8, help="requests decoded together (default %(default)s)")
     s.add_argument("--max-waiting", type=int, default=64, help="requests queued beyond the batch; more are "
                    "answered 429 (default %(default)s)")
@@ -44,6 +44,8 @@ def add_serve_parser(sub, common):
     s.add_argument("--served-model-name", help="the model's name in requests and /v1/models (default: the "
                    "target's folder name)")
     s.add_argument("--device", default="cpu", help="where the models run (default %(default)s)")
+    s.add_argument("--threads", type=int, help="torch threads (default: OMP_NUM_THREADS where it is set, else "
+                   "torch's own choice, one per core)")
     s.add_argument("--dtype", choices=["float32", "bfloat16", "float16"],
                    help="default float32 on the CPU, bfloat16 on CUDA")
     return s
@@ -64,11 +66,14 @@ def check_serve_args(args):
         raise ValueError("--api-key must not be empty (leave it out to serve without a key)")
     if args.k == 0 and args.draft:
         raise ValueError("--k 0 is plain batched decoding: it takes no --draft")
+    if args.threads is not None and args.threads < 1:
+        raise ValueError(f"--threads must be an int >= 1, got {args.threads}")
+    check_port_free(args.host, args.port)
 
 
 def k_policy(choice, pair, cfg, log):
     """The Server's k: the int, the schedule of bench --serve's `cfg`, or the goodput policy on step costs
-    measured here first (a few seconds on the default pair)."""
+    measured here first (minutes on a 2-core CPU, announced on `log`)."""
     if choice == "schedule":
         return KSchedule(cfg.schedule)
     if choice != "goodput":
