@@ -66,24 +66,27 @@ def config_to_hf(cfg: ModelConfig) -> dict:
 
 
 def from_hf_state_dict(sd: dict, cfg: ModelConfig) -> dict:
-    """Rename, transpose to (in, out) and fuse a Hugging Face Llama state dict into this project's layout."""
-    out = {"norm.weight": sd["model.norm.weight"]}
+    """Rename, transpose to (in, out) and fuse a Hugging Face Llama state dict into this project's layout.
+    Every tensor returned owns its memory: read_safetensors' tensors are views of the whole file mapped into
+    memory, and one of them kept (a norm's weight) would keep the file's pages resident, a second copy of
+    the model beside the converted one."""
+    out = {"norm.weight": sd["model.norm.weight"].clone()}
     head = sd["model.embed_tokens.weight"] if cfg.tie_embeddings else sd["lm_head.weight"]
     out["head.weight"] = head.t().contiguous()  # (dim, V)
     if not cfg.tie_embeddings:
-        out["embed.weight"] = sd["model.embed_tokens.weight"]
+        out["embed.weight"] = sd["model.embed_tokens.weight"].clone()
     for i in range(cfg.n_layers):
         h, m = f"model.layers.{i}.", f"layers.{i}."
         qkv = [sd[h + f"self_attn.{n}_proj.weight"] for n in "qkv"]
         out[m + "attn.wqkv.weight"] = torch.cat(qkv, dim=0).t().contiguous()  # (dim, H*D + 2*Hkv*D)
         if cfg.qkv_bias:
-            out[m + "attn.wqkv.bias"] = torch.cat([sd[h + f"self_attn.{n}_proj.bias"] for n in "qkv"])
+            out[m + "attn.wqkv.bias"] = torch.cat([sd[h + f"self_attn.{n}_proj.bias"] for n in "qkv"])  # a copy
         out[m + "attn.wo.weight"] = sd[h + "self_attn.o_proj.weight"].t().contiguous()
         gate_up = torch.cat([sd[h + "mlp.gate_proj.weight"], sd[h + "mlp.up_proj.weight"]])
         out[m + "mlp.w13.weight"] = gate_up.t().contiguous()  # (dim, 2 * intermediate)
         out[m + "mlp.w2.weight"] = sd[h + "mlp.down_proj.weight"].t().contiguous()
-        out[m + "attn_norm.weight"] = sd[h + "input_layernorm.weight"]
-        out[m + "mlp_norm.weight"] = sd[h + "post_attention_layernorm.weight"]
+        out[m + "attn_norm.weight"] = sd[h + "input_layernorm.weight"].clone()
+        out[m + "mlp_norm.weight"] = sd[h + "post_attention_layernorm.weight"].clone()
     return out
 
 
