@@ -57,7 +57,7 @@ def live_share(arch, threads, prompts, reference):
             out = s.complete(ids, TOKENS)
             accepted, drafted = accepted + out["timings"]["draft_n_accepted"], drafted + out["timings"]["draft_n"]
             same.append(out["tokens"] == ref)
-            if i in (3, 8):
+            if i in (3, 8) or i == len(prompts):
                 shares[f"first_{i}"] = accepted / drafted
     return {"accepted_share": shares, "same_answer_as_lab": same[:8]}
 
@@ -75,8 +75,9 @@ def main():
     print(f"the lab's answers to {len(prompts)} prompts ...", flush=True)
     runs = [engine.generate(ids, max_new_tokens=TOKENS) for ids in prompts]
     reference = [r.tokens for r in runs]
+    cuts = sorted({n for n in (3, 8) if n <= len(runs)} | {len(runs)})
     lab = {f"first_{n}": sum(r.stats.accepted for r in runs[:n]) / sum(r.stats.drafted for r in runs[:n])
-           for n in (3, 8)}
+           for n in cuts}
     broken = export_gguf_draft_hf_rope_order(default_draft_dir(), ensure_gguf(),
                                              exported_draft_gguf().with_name("draft_hf_rope_order.gguf"))
     exports = {"f32": exported_draft_gguf(), "f16": exported_draft_gguf("f16"), "hf_rope_order": broken}
@@ -99,9 +100,10 @@ def main():
                 print(f"  {e:14s} same proposal {a['same_proposal']:.4f} over {a['positions']} positions; alpha "
                       f"lab {a['alpha']['lab']:.3f}, llama.cpp {a['alpha']['llamacpp']:.3f}; largest gap at a "
                       f"disagreement {max(map(abs, a['disagreement_gaps']), default=0):.3f}", flush=True)
-            print(f"  live share, first 3 / first 8: {row['live']['accepted_share']['first_3']:.3f} / "
-                  f"{row['live']['accepted_share']['first_8']:.3f} (the lab {lab['first_3']:.3f} / "
-                  f"{lab['first_8']:.3f}); answers equal to the lab's: {sum(row['live']['same_answer_as_lab'])} of 8")
+            live = row["live"]
+            print("  live share, " + ", ".join(f"{k.replace('_', ' ')}: {v:.3f} (the lab {lab[k]:.3f})"
+                                              for k, v in live["accepted_share"].items())
+                  + f"; answers equal to the lab's: {sum(live['same_answer_as_lab'])} of {len(live['same_answer_as_lab'])}")
             doc["runs"][name] = row
     Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
     print(f"stored {args.out}")

@@ -7,8 +7,9 @@ another process takes one: a thread that loses its core holds up the other at ev
 OpenMP thread waiting at a barrier spins on its core before it sleeps. This measures the default
 pair's plain decode and the default engine (K = 4), greedy, in a fresh process per configuration
 (OpenMP reads its settings once, at start): 1 and 2 threads, OpenMP's default wait policy and
-OMP_WAIT_POLICY=PASSIVE (a waiting thread sleeps at once), each alone and beside a busy process (one
-thread of float32 matrix products, as another user's job would be). Configurations run in rotating
+OMP_WAIT_POLICY=PASSIVE (a waiting thread sleeps at once), and the library's own default (neither
+set, specdec_lab imported first), each alone and beside a busy process (one thread of float32 matrix
+products, as another user's job would be). Configurations run in rotating
 order, `--rounds` times; the figure is the median tokens/s of a configuration's rounds.
 """
 import argparse
@@ -23,10 +24,15 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT = "Why is the sky blue?"
-CONFIGS = [(threads, policy) for threads in (1, 2) for policy in ("default", "passive")]
+# (threads, wait policy); "library": neither set, and specdec_lab imported before torch, as a user's program
+# or the command line does (the package sets its own default wait policy then: specdec_lab/__init__.py)
+CONFIGS = [(threads, policy) for threads in (1, 2) for policy in ("default", "passive")] + [("library", "library")]
 BUSY = "import torch\ntorch.set_num_threads(1)\na = torch.randn(1024, 1024)\nwhile True:\n    a @ a\n"
 MEASURE = """
-import json, sys, torch
+import json, sys
+if sys.argv[3] == "library":
+    import specdec_lab as sl
+import torch
 import specdec_lab as sl
 tokens = int(sys.argv[1])
 pair = sl.load_default_pair()
@@ -42,12 +48,15 @@ print(json.dumps(out))
 
 
 def measure(threads, policy, tokens):
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads), PYTHONPATH=str(ROOT))
-    env.pop("OMP_WAIT_POLICY", None)
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    for name in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY"):
+        env.pop(name, None)
+    if threads != "library":
+        env["OMP_NUM_THREADS"] = str(threads)
     if policy == "passive":
         env["OMP_WAIT_POLICY"] = "PASSIVE"
-    proc = subprocess.run([sys.executable, "-c", MEASURE, str(tokens), PROMPT], env=env, capture_output=True,
-                          text=True, timeout=900)
+    proc = subprocess.run([sys.executable, "-c", MEASURE, str(tokens), PROMPT, policy], env=env,
+                          capture_output=True, text=True, timeout=900)
     if proc.returncode:
         raise RuntimeError(proc.stderr[-2000:])
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -69,7 +78,8 @@ def main():
                 for threads, policy in order:
                     m = measure(threads, policy, args.tokens)
                     runs[f"{threads}_{policy}_{load}"].append(m)
-                    print(f"round {r + 1}, {threads} thread(s), wait policy {policy}, {load}: plain "
+                    print(f"round {r + 1}, threads {threads}, wait policy {policy}, {load}: {m['threads']} "
+                          f"thread(s), plain "
                           f"{m['plain']:.1f} tokens/s, speculative {m['speculative']:.1f}", flush=True)
             finally:
                 if busy:

@@ -19,6 +19,16 @@ p is always the target's distribution and q the draft's; alpha is the
 acceptance rate E[min(1, p/q)]; c is the cost of a draft forward relative to a
 target forward.
 """
+import os
+
+# OpenMP's threads spin on their core while they wait at a barrier. With a thread per core and another
+# process on one core, each barrier waits for a thread that has lost its core, and decoding collapses
+# (docs/threads.json, plain decode on 2 cores: 2 threads fell from 53 to 19 tokens/s beside one busy
+# process, and a user saw 1.5). Waiting passively, 2 threads ran 43 alone and 37 beside it, as fast as
+# one thread (39): a busy neighbour slows decoding in proportion instead. Set before torch loads OpenMP
+# (import specdec_lab first, as the command line does); an OMP_WAIT_POLICY already set is kept.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 from .api import (LookupThenModelDrafter, SpeculativeEngine, autoregressive_generate, compiled_twin,
                   load_default_pair, load_eagle3_draft, load_feature_draft, load_pair, make_drafter)
 from .compiled import use_static_shapes

@@ -3,6 +3,7 @@ serve}.
 
 Bad input ends in one line, `error: ...`, and exit status 2 (--debug shows the traceback); option
 values are checked before any model loads."""
+import argparse
 import json
 import math
 import shlex
@@ -98,6 +99,8 @@ def _read_prompt(args):
     if args.prompt_file is None:
         return
     if args.prompt_file == "-":
+        if sys.stdin.isatty():
+            _say("reading the prompt from standard input; end it with Ctrl-D")
         args.prompt = sys.stdin.read()
         what = "standard input"
     else:
@@ -111,13 +114,9 @@ def _read_prompt(args):
 
 
 def set_threads(args):
-    """--threads, else OMP_NUM_THREADS, else torch's own choice; the count goes to torch before a model loads."""
+    """--threads to torch before a model loads; without it, torch's own choice (which reads OMP_NUM_THREADS)."""
     if args.threads is not None:
-        if args.threads < 1:
-            raise ValueError(f"--threads must be an int >= 1, got {args.threads}")
         torch.set_num_threads(args.threads)
-    elif env_threads():
-        torch.set_num_threads(env_threads())
 
 
 def cpu_warnings(args):
@@ -134,6 +133,8 @@ def cpu_warnings(args):
 
 def check_generate_options(args):
     """generate's option values, before anything loads (a model takes seconds to load)."""
+    if args.threads is not None:
+        _in("--threads", args.threads, 1, math.inf, "an int >= 1")
     _read_prompt(args)
     if not args.prompt.strip():
         raise ValueError("--prompt must not be empty")
@@ -403,8 +404,8 @@ ACCEPTANCE_QUICK = {"num_prompts": 6, "max_new_tokens": 32}
 
 def check_acceptance_options(args):
     """acceptance's option values, before anything loads; --quick's sizes where the options leave them open."""
-    if args.quick:
-        args.num_prompts = args.num_prompts or ACCEPTANCE_QUICK["num_prompts"]
+    if args.quick and args.num_prompts is None:
+        args.num_prompts = ACCEPTANCE_QUICK["num_prompts"]
     if args.max_new_tokens is None:
         args.max_new_tokens = ACCEPTANCE_QUICK["max_new_tokens"] if args.quick else 64
     if args.num_prompts is not None:
@@ -537,7 +538,11 @@ COMMANDS = {"fetch": cmd_fetch, "generate": cmd_generate, "distill": cmd_distill
 
 
 def main(argv=None):
-    args = build_parser(__doc__).parse_args(argv)
+    parser = build_parser(__doc__)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # said by the subcommand's parser, whose --help lists the options it takes
+        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        sub.choices[args.cmd].error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         if args.cmd == "generate":
             check_generate_options(args)

@@ -341,7 +341,7 @@ def test_a_long_prompt_past_the_drafts_positions_is_refused_before_the_models_lo
     ("generate", ("--prompt", PROMPT, "--prompt-file", "x"), ("--prompt-file", "not allowed with", "--prompt")),
     ("serve", ("--k", "-1"), ("--k", "-1", "[0, 16]", "serve --help")),
     ("serve", ("--threads", "0"), ("--threads", "0", ">= 1")),
-    ("bench", ("--no-such-option",), ("unrecognized arguments: --no-such-option",)),
+    ("bench", ("--no-such-option",), ("unrecognized arguments: --no-such-option", "bench --help")),
 ])
 def test_every_subcommands_bad_option_is_one_line_naming_it_and_the_smallest_limit_comes_first(cmd, args, words):
     """Before: serve printed a 9-line usage block; --max-seq-len 100000 named the target's 8,192 and then,
@@ -401,3 +401,26 @@ def test_acceptance_quick_is_a_smoke_run_and_the_options_given_still_win():
     args = build_parser().parse_args(["acceptance"])
     check_acceptance_options(args)
     assert (args.num_prompts, args.max_new_tokens) == (None, 64), "without --quick: every prompt, 64 tokens"
+
+
+def test_openmp_threads_wait_passively_unless_told_otherwise():
+    """Spinning OpenMP threads collapse decoding beside a busy process (docs/threads.json); the package sets
+    OMP_WAIT_POLICY=PASSIVE before torch loads, and keeps a value the user set."""
+    code = "import os, specdec_lab; print(os.environ['OMP_WAIT_POLICY'])"
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    run = lambda e: subprocess.run([sys.executable, "-c", code], env=e, capture_output=True, text=True,
+                                   timeout=120, cwd=ROOT).stdout.strip()
+    assert run(env) == "PASSIVE"
+    assert run({**env, "OMP_WAIT_POLICY": "ACTIVE"}) == "ACTIVE"
+
+
+def test_the_stored_thread_run_shows_the_default_never_collapses():
+    """docs/threads.json (scripts/threads_bench.py): the library's default (2 threads here, waiting passively)
+    beside a busy process keeps most of one thread's speed, where 2 spinning threads lost more than half."""
+    doc = json.loads((ROOT / "docs" / "threads.json").read_text())
+    m = doc["median_tokens_per_second"]
+    assert doc["cores"] == 2 and all(r["threads"] == 2 for r in doc["runs"]["library_library_busy"])
+    for kind in ("plain", "speculative"):
+        assert m["library_library_busy"][kind] > 0.85 * m["1_default_busy"][kind], kind
+        assert m["2_default_busy"][kind] < 0.5 * m["2_default_alone"][kind], f"{kind}: the collapse it avoids"
+        assert m["library_library_alone"][kind] >= m["1_default_alone"][kind] * 0.95, kind

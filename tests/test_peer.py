@@ -46,9 +46,9 @@ def test_the_exported_draft_proposes_in_llama_cpp_what_it_proposes_in_the_lab_an
     of the same answers (the lab target's), so where two engines' greedy answers part does not matter."""
     pair = sl.load_default_pair()
     sequences = []
-    for p in BENCH_PROMPTS[8:11]:  # prompts the chapter's claim does not use
-        ids = encode_prompt(pair.tokenizer, p)
-        sequences.append((ids, sl.autoregressive_generate(pair.target, ids, 32).tokens))
+    for p in BENCH_PROMPTS[8:12]:  # prompts the chapter's claim does not use; about 190 positions, so that
+        ids = encode_prompt(pair.tokenizer, p)  # the 98% floor allows three near-tie disagreements
+        sequences.append((ids, sl.autoregressive_generate(pair.target, ids, 48).tokens))
     with pytest.raises(ValueError, match="compare with whole_head_draft"):
         draft_agreement(pair.draft, exported_draft_gguf(), sequences)  # the engine's draft: a subset head
     good = draft_agreement(whole_head_draft(), exported_draft_gguf(), sequences)

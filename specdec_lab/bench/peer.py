@@ -197,6 +197,8 @@ def draft_agreement(draft, draft_gguf, sequences, threads=1, arch="native") -> d
     if isinstance(draft.head, VocabSubsetHead):
         raise ValueError("draft has its head restricted to a vocabulary subset, and the export holds the whole "
                          "head: compare with whole_head_draft()")
+    if any(len(ids) == 0 for ids, _ in sequences):
+        raise ValueError("every sequence needs a prompt of at least one token (the first proposal follows it)")
     lab, engine, gaps = [], [], []
     with LlamaServer(draft_gguf, threads=threads, arch=arch) as server:
         for ids, cont in sequences:
@@ -208,6 +210,8 @@ def draft_agreement(draft, draft_gguf, sequences, threads=1, arch="native") -> d
             lab += [a == t for a, t in zip(mine, cont)]
             engine += [b == t for b, t in zip(theirs, cont)]
     n = len(lab)
+    if n == 0:
+        raise ValueError("the sequences hold no continuation token: there is no proposal to compare")
     return {"positions": n, "same_proposal": 1 - len(gaps) / n, "alpha": {"lab": sum(lab) / n, "llamacpp": sum(engine) / n},
             "disagreement_gaps": sorted(gaps)}
 

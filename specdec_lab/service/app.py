@@ -9,6 +9,7 @@ goes away cancels its request, whose blocks return to the pool between two steps
 """
 import asyncio
 import contextlib
+import errno
 import functools
 import hmac
 import json
@@ -80,8 +81,9 @@ def check_port_free(host, port):
         try:
             s.bind((host, port))
         except OSError as e:
-            raise OSError(e.errno, f"--host {host} --port {port} cannot be served: {e.strerror} (another process "
-                                   f"listens there; choose another --port, or 0 for any free one)") from None
+            why = ("another process listens there; choose another --port, or 0 for any free one"
+                   if e.errno == errno.EADDRINUSE else "check --host and --port")
+            raise OSError(e.errno, f"--host {host} --port {port} cannot be served: {e.strerror} ({why})") from None
 
 
 class _Uvicorn(uvicorn.Server):
