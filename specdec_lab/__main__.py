@@ -14,8 +14,8 @@ from pathlib import Path
 
 import torch
 
-from .api import (SpeculativeEngine, autoregressive_generate, check_dtype, compiled_twin, load_default_pair,
-                  load_eagle3_draft, load_feature_draft, load_pair)
+from .api import (LookupThenModelDrafter, SpeculativeEngine, autoregressive_generate, check_dtype, compiled_twin,
+                  load_default_pair, load_eagle3_draft, load_feature_draft, load_pair)
 from .bench.load import load_main
 from .bench.main import bench_main, env_threads
 from .cli import build_parser
@@ -27,6 +27,7 @@ from .bench.vllm_server import vllm_python
 from .bench.serve import ServeBenchConfig
 from .core.config import MAX_K, cache_dir
 from .cpu import SelfDraft, best_weights
+from .drafters import NGramDrafter
 from .drafters.eagle3 import is_eagle3_folder, shipped_eagle3_draft_dir
 from .core.sampling import MIN_TEMPERATURE
 from .io.assets import cached_default_target, ensure_default_target, ensure_gguf
@@ -81,12 +82,34 @@ def _check_max_seq_len(args, *models):
                          f"the smaller of the target's and the draft's max_position_embeddings); use at most {limit}")
 
 
+# generate --drafter: what proposes the tokens the target verifies
+DRAFTERS = {"draft": "the draft model (the shipped draft, or --draft)",
+            "lookup": "prompt lookup where the text repeats itself, the draft model elsewhere",
+            "ngram": "prompt lookup alone: n-grams of the context, no model",
+            "feature": "the shipped EAGLE-style feature draft (reads the target's last hidden state)",
+            "eagle3": "the shipped EAGLE-3-style draft (reads three of the target's layers)",
+            "self": "the target's own weights in 4 bits (int8 where the kernels cannot); --self-draft"}
+
+
+def _drafter_kind(args) -> str:
+    return "self" if args.self_draft else args.drafter
+
+
+def _uses_draft_model(args) -> bool:
+    return args.k > 0 and _drafter_kind(args) in ("draft", "lookup")
+
+
 def _engine(args, pair):
-    """The speculative engine at --k: the pair's draft, or with --self-draft the target's own weights in
-    4 bits (int8 where the kernels cannot)."""
-    draft = SelfDraft(pair.target, best_weights(pair.target)) if args.self_draft else pair.draft
-    _check_max_seq_len(args, pair.target, *([] if args.self_draft else [pair.draft]))
-    return SpeculativeEngine(pair.target, draft, k=args.k, max_seq_len=args.max_seq_len)
+    """The speculative engine at --k with the drafter --drafter names (the pair's draft by default)."""
+    kind = _drafter_kind(args)
+    make = {"draft": lambda: pair.draft, "lookup": lambda: LookupThenModelDrafter(pair.draft),
+            "ngram": lambda: NGramDrafter(device=pair.target.device),
+            "feature": lambda: load_feature_draft(pair.target), "eagle3": lambda: load_eagle3_draft(pair.target),
+            "self": lambda: SelfDraft(pair.target, best_weights(pair.target))}
+    _check_max_seq_len(args, pair.target, *([pair.draft] if _uses_draft_model(args) else []))
+    if kind != "draft":
+        _say(f"drafting with {DRAFTERS[kind]} ...")
+    return SpeculativeEngine(pair.target, make[kind](), k=args.k, max_seq_len=args.max_seq_len)
 
 
 def _in(name, value, low, high, what):
@@ -143,6 +166,16 @@ def check_generate_options(args):
     _in("--top-k", args.top_k, 0, math.inf, "an int >= 0 (0: all tokens)")
     if args.self_draft and args.draft:
         raise ValueError("--self-draft drafts with the target's own weights: it takes no --draft")
+    if args.self_draft and args.drafter not in ("draft", "self"):
+        raise ValueError(f"--self-draft is --drafter self: it cannot be combined with --drafter {args.drafter}")
+    if args.draft and args.drafter not in ("draft", "lookup"):
+        raise ValueError(f"--draft is a draft model's folder: it goes with --drafter draft or lookup, "
+                         f"not {args.drafter}")
+    if args.drafter in ("feature", "eagle3") and args.target:
+        raise ValueError(f"--drafter {args.drafter} is the shipped draft trained for the default target; it takes "
+                         f"no --target")
+    if args.drafter == "self":
+        args.self_draft = True
     _in("--k", args.k, 0, MAX_K, f"an int in [0, {MAX_K}] (0: plain autoregressive decoding)")
     _in("--max-new-tokens", args.max_new_tokens, 1, math.inf, "an int >= 1")
     if not (math.isfinite(args.temperature) and (args.temperature == 0 or args.temperature >= MIN_TEMPERATURE)):
@@ -154,10 +187,12 @@ def check_generate_options(args):
     _in("--max-seq-len", args.max_seq_len, 2, math.inf, "an int >= 2")
     if args.compile and args.self_draft:
         raise ValueError("--compile and --self-draft cannot be combined: the self-draft runs the CPU kernels")
+    if args.compile and args.drafter not in ("draft", "self"):
+        raise ValueError(f"--compile compiles a draft model; it cannot be combined with --drafter {args.drafter}")
     if args.compare and args.k < 1:
         raise ValueError(f"--compare needs a draft length --k >= 1, got {args.k}")
-    if args.k == 0 and (args.self_draft or args.draft):
-        raise ValueError("--k 0 is plain autoregressive decoding: it takes no --draft or --self-draft")
+    if args.k == 0 and (args.self_draft or args.draft or args.drafter != "draft"):
+        raise ValueError("--k 0 is plain autoregressive decoding: it takes no --draft, --drafter or --self-draft")
     check_sources(args)
     _check_declared_positions(args)
     cpu_warnings(args)
@@ -177,7 +212,7 @@ def _check_declared_positions(args):
     """--max-seq-len against the positions the folders declare, in the time it takes to read them:
     a long prompt is refused before the models load, not after, and the smallest limit is named at once."""
     models = {"the target": args.target or cached_default_target()}
-    if args.k > 0 and not args.self_draft:
+    if _uses_draft_model(args):
         models["the draft"] = args.draft or default_draft_dir()
     declared = {what: n for what, n in ((w, _declared_positions(s)) for w, s in models.items()) if n is not None}
     if declared:

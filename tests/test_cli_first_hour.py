@@ -424,3 +424,30 @@ def test_the_stored_thread_run_shows_the_default_never_collapses():
         assert m["library_library_busy"][kind] > 0.85 * m["1_default_busy"][kind], kind
         assert m["2_default_busy"][kind] < 0.5 * m["2_default_alone"][kind], f"{kind}: the collapse it avoids"
         assert m["library_library_alone"][kind] >= m["1_default_alone"][kind] * 0.95, kind
+
+
+@pytest.mark.parametrize("args, words", [
+    (("--drafter", "feature", "--target", "x"), ("--drafter feature", "no --target")),
+    (("--drafter", "ngram", "--draft", "x"), ("--draft", "not ngram")),
+    (("--self-draft", "--drafter", "eagle3"), ("--self-draft", "--drafter eagle3")),
+    (("--k", "0", "--drafter", "ngram"), ("--k 0", "--drafter")),
+    (("--drafter", "tree"), ("--drafter", "invalid choice: 'tree'")),
+])
+def test_a_drafter_that_does_not_fit_the_other_options_is_one_line(args, words):
+    assert_one_line_error(run_cli("generate", "--prompt", PROMPT, *args), *words)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["lookup", "ngram", "feature", "eagle3", "self"])
+def test_every_drafter_the_command_line_offers_keeps_the_targets_greedy_output(kind):
+    """generate --drafter: prompt lookup with and without the draft model, the shipped feature and EAGLE-3
+    drafts and the self-draft, each through the engine the command line builds."""
+    from specdec_lab.__main__ import _engine, check_generate_options
+    args = build_parser().parse_args(["generate", "--prompt", PROMPT, "--drafter", kind, "--max-new-tokens", "24"])
+    check_generate_options(args)
+    pair = sl.load_default_pair()
+    engine = _engine(args, pair)
+    res = engine.generate(PROMPT, max_new_tokens=24)
+    assert res.tokens == sl.autoregressive_generate(pair.target, PROMPT, max_new_tokens=24).tokens, kind
+    assert res.stats.drafted > 0 or kind == "ngram", f"{kind} drafted nothing"
+    assert (kind == "self") == args.self_draft
