@@ -354,7 +354,7 @@ def test_every_subcommands_bad_option_is_one_line_naming_it_and_the_smallest_lim
 
 
 def test_options_that_slow_the_cpu_down_say_so_before_loading(capsys):
-    from specdec_lab.__main__ import cpu_warnings
+    from specdec_lab.commands import cpu_warnings
     args = build_parser().parse_args(["generate", "--prompt", PROMPT, "--dtype", "float16", "--compile"])
     cpu_warnings(args)
     err = capsys.readouterr().err.strip().splitlines()
@@ -365,13 +365,15 @@ def test_options_that_slow_the_cpu_down_say_so_before_loading(capsys):
 
 
 def test_a_system_turn_replaces_the_templates_and_raw_skips_the_template(default_target):
+    from specdec_lab.commands import prompt_ids
     tok = default_target.tokenizer
-    plain, system = encode_prompt(tok, PROMPT), encode_prompt(tok, PROMPT, system="Answer in French.")
+    plain, system = prompt_ids(tok, PROMPT), prompt_ids(tok, PROMPT, system="Answer in French.")
+    assert plain == encode_prompt(tok, PROMPT), "without --system: the library's own template"
     assert "Answer in French." in tok.decode(system) and "Answer in French." not in tok.decode(plain)
     assert tok.decode(plain).count("<|im_start|>system") == tok.decode(system).count("<|im_start|>system") == 1
-    assert encode_prompt(tok, PROMPT, raw=True) == tok.encode(PROMPT)
-    with pytest.raises(ValueError, match="system goes with a text prompt"):
-        encode_prompt(tok, [1, 2, 3], system="x")
+    assert "<|im_start|>" not in tok.decode(prompt_ids(tok, PROMPT, raw=True)), "--raw: no template"
+    with pytest.raises(ValueError, match="--system needs the chat template"):
+        prompt_ids(tok, PROMPT, system="x", raw=True)
 
 
 @pytest.mark.slow
@@ -385,7 +387,8 @@ def test_generate_reads_its_prompt_from_stdin_with_a_system_turn_top_k_and_threa
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     doc = json.loads(proc.stdout)
-    ids = encode_prompt(default_target.tokenizer, PROMPT, system="Answer in one word.")
+    from specdec_lab.commands import prompt_ids
+    ids = prompt_ids(default_target.tokenizer, PROMPT, system="Answer in one word.")
     assert doc["prompt_tokens"] == len(ids)
     assert doc["tokens"] == sl.autoregressive_generate(default_target, ids, max_new_tokens=8, top_k=5).tokens
 
@@ -442,7 +445,7 @@ def test_a_drafter_that_does_not_fit_the_other_options_is_one_line(args, words):
 def test_every_drafter_the_command_line_offers_keeps_the_targets_greedy_output(kind):
     """generate --drafter: prompt lookup with and without the draft model, the shipped feature and EAGLE-3
     drafts and the self-draft, each through the engine the command line builds."""
-    from specdec_lab.__main__ import _engine, check_generate_options
+    from specdec_lab.commands import _engine, check_generate_options
     args = build_parser().parse_args(["generate", "--prompt", PROMPT, "--drafter", kind, "--max-new-tokens", "24"])
     check_generate_options(args)
     pair = sl.load_default_pair()

@@ -50,10 +50,8 @@ def check_capacity(prompt_len, max_new_tokens, lookahead, limits: dict):
     """limits: {what: positions}, each a bound on prompt + new tokens + the step's lookahead."""
     need, (what, n) = prompt_len + max_new_tokens + lookahead, min(limits.items(), key=lambda kv: kv[1])
     if need > n:
-        ahead = (f" + lookahead ({lookahead}: the positions one speculative step may write past the text, up to "
-                 f"{lookahead - 1} drafts and the target's own token)" if lookahead else "")
-        raise ValueError(f"prompt ({prompt_len} tokens) + max_new_tokens ({max_new_tokens}){ahead} = {need} exceeds "
-                         f"{what}: {n} positions; shorten the prompt, ask for fewer tokens or raise max_seq_len")
+        raise ValueError(f"prompt ({prompt_len} tokens) + max_new_tokens ({max_new_tokens}) + lookahead ({lookahead}: "
+                         f"what one step may write past the text) = {need} exceeds {what}: {n} positions")
 
 
 def check_k(k):

@@ -2,12 +2,8 @@
 import torch
 
 
-def encode_prompt(tokenizer, prompt, system=None, raw=False) -> list[int]:
-    """A text prompt (chat template applied when the tokenizer has one) or token ids -> list of ids.
-    system: the system turn the template puts before the user's (instead of the template's own, if any);
-    raw: the text tokenized as it is, no template (a completion model's input, or a template written by hand)."""
-    if system is not None and (raw or not isinstance(prompt, str)):
-        raise ValueError("system goes with a text prompt in the chat template, not with raw=True or token ids")
+def encode_prompt(tokenizer, prompt) -> list[int]:
+    """A text prompt (chat template applied when the tokenizer has one) or token ids -> list of ids."""
     if isinstance(prompt, torch.Tensor):
         prompt = prompt.flatten().tolist()
     if isinstance(prompt, str):
@@ -15,12 +11,9 @@ def encode_prompt(tokenizer, prompt, system=None, raw=False) -> list[int]:
             raise ValueError("prompt must not be empty")
         if tokenizer is None:
             raise ValueError("prompt is text but no tokenizer was given; pass token ids instead")
-        if system is not None and not getattr(tokenizer, "chat_template", None):
-            raise ValueError("system needs a tokenizer with a chat template; this one has none")
-        if getattr(tokenizer, "chat_template", None) and not raw:
-            turns = ([{"role": "system", "content": system}] if system is not None else []) + \
-                [{"role": "user", "content": prompt}]
-            ids = tokenizer.apply_chat_template(turns, add_generation_prompt=True, tokenize=True)
+        if getattr(tokenizer, "chat_template", None):
+            ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
+                                                add_generation_prompt=True, tokenize=True)
             ids = ids["input_ids"] if not isinstance(ids, list) else ids
             return list(ids)
         return tokenizer.encode(prompt)
