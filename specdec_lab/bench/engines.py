@@ -100,7 +100,7 @@ def run_engine_acceptance(num_prompts=12, max_new_tokens=64, drafts=("token", "e
         prompt again in both engines, cut where its answers parted (recount and lab: lengths -> counts)."""
         lengths = [next((i for i, (a, b) in enumerate(zip(r, o)) if a != b), min(len(r), len(o)))
                    for r, o in zip(reference, outputs)]
-        if lengths == [len(r) for r in reference] and all(len(o) == len(r) for o, r in zip(outputs, reference)):
+        if [list(o) for o in outputs] == reference:
             return {"tokens": sum(lengths), "recounted": False, "engine": acceptance(**counts),
                     "lab": acceptance(**lab_counts(lab_results, k))}
         lab_again = [lab.generate(ids, max_new_tokens=n) for ids, n in zip(prompts, lengths) if n > 0]
@@ -112,12 +112,10 @@ def run_engine_acceptance(num_prompts=12, max_new_tokens=64, drafts=("token", "e
         rows = {}
         draft = pair.draft if name == "token" else load_eagle3_draft(target)
         engine = SpeculativeEngine(target, draft, k=k)
+        log(f"{name} draft in the lab, K = {k} ...")  # also the other engines' reference counts (on_lab_tokens)
+        lab_results = [engine.generate(ids, max_new_tokens=max_new_tokens) for ids in prompts]
         if "lab" in engines:
-            log(f"{name} draft in the lab, K = {k} ...")
-            lab_results = [engine.generate(ids, max_new_tokens=max_new_tokens) for ids in prompts]
             rows["lab"] = {**acceptance(**lab_counts(lab_results, k)), **compare([r.tokens for r in lab_results])}
-        else:
-            lab_results = [engine.generate(ids, max_new_tokens=max_new_tokens) for ids in prompts]
         if "vllm" in engines:
             log(f"{name} draft in vLLM, K = {k} (starting its server) ...")
             spec = {"method": "draft_model" if name == "token" else "eagle3",
