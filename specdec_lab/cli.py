@@ -114,6 +114,10 @@ def add_bench_parser(sub, common):
                         "sets both up): each engine's own acceptance counters against the lab's on the hand-written "
                         "held-out prompts, greedy, the token draft at K = 2 and the EAGLE-3 draft at K = 3; "
                         "--num-prompts (default 12), --max-new-tokens (default 64), --threads (default 1)")
+    b.add_argument("--parity", action="store_true",
+                   help="only whether every shape runs as fast as the chain (bench/parity.py): the server at batch 1 "
+                        "over the single engine (plain, K = 2, 4), the chain as a tree, EAGLE-3's target forward, "
+                        "the batched forward by rows; --num-prompts (default 6), --max-new-tokens (default 48)")
     b.add_argument("--machine", action="store_true",
                    help="only the machine profile the chapters quote (bench/machine.py): bandwidth, float32 FLOP/s, "
                         "the target's forward by rows and each shipped draft's c, into docs/machine_profile.json "

@@ -454,3 +454,19 @@ def test_every_drafter_the_command_line_offers_keeps_the_targets_greedy_output(k
     assert res.tokens == sl.autoregressive_generate(pair.target, PROMPT, max_new_tokens=24).tokens, kind
     assert res.stats.drafted > 0 or kind == "ngram", f"{kind} drafted nothing"
     assert (kind == "self") == args.self_draft
+
+
+@pytest.mark.slow
+def test_parity_quick_runs_every_shape_through_the_one_call():
+    """bench --parity --quick: the server at batch 1 answers what the single engine answers, at every K,
+    through the CPU's one-call forward; every ratio comes with its interval."""
+    proc = run_cli("bench", "--parity", "--quick", "--threads", "1", "--json", timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    doc = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert doc["forward_kind"] == "cpu-fused" and doc["prompts"] == 2 and doc["max_new_tokens"] == 16, doc
+    assert set(doc["server_over_engine"]) == {"0", "2", "4"}
+    assert all(r["same_answers"] for r in doc["server_over_engine"].values()), doc["server_over_engine"]
+    for r in [*doc["server_over_engine"].values(), doc["tree_over_chain"], doc["eagle3_over_plain"]]:
+        lo, hi = r["interval"]
+        assert 0 < lo <= r["ratio"] <= hi, r
+    assert [r["rows"] for r in doc["batch_rows"].values()] == [10, 20, 40]

@@ -320,7 +320,7 @@ def _forward(m, x, cache, fused):
     over the fast modules), without rebuilding anything."""
     rows = m.runner
     assert rows is not None, "accelerate the model first"
-    assert rows._applies(x, None, cache, None, None) or not fused, "the fused forward does not apply here"
+    assert rows.applies(x, None, cache, None, None) or not fused, "the fused forward does not apply here"
     m.runner = rows if fused else None
     try:
         return m(x, cache=cache)
@@ -423,10 +423,12 @@ def test_the_fused_forward_is_used_only_where_it_applies():
     cache.length = 5
     x = torch.zeros(1, 3, dtype=torch.long)
     with torch.no_grad():
-        assert rows._applies(x, None, cache, None, None)
-        assert rows._applies(x, torch.arange(5, 8), cache, None, None)  # the default positions
+        assert rows.applies(x, None, cache, None, None) == "chain"
+        assert rows.applies(x, torch.arange(5, 8), cache, None, None) == "chain"  # the default positions
+        assert rows.applies(x, None, cache, verification_mask(5, 3), None) == "mask"  # a tree's, say
+        assert rows.applies(x, torch.tensor([5, 6, 6]), cache, verification_mask(5, 3), None) == "mask"
         refused = {
-            "an explicit mask": (x, None, cache, verification_mask(5, 3)),
+            "a mask of another shape": (x, None, cache, verification_mask(4, 3)),
             "other positions": (x, torch.arange(6, 9), cache, None),
             "no cache": (x, None, None, None),
             "a paged cache": (x, None, PagedSequenceCache.for_model(m.cfg, 32, block_size=8), None),
@@ -435,16 +437,16 @@ def test_the_fused_forward_is_used_only_where_it_applies():
                                                 None),
         }
         for why, args in refused.items():
-            assert not rows._applies(*args, None), why
+            assert not rows.applies(*args, None), why
             assert rows.logits(*args, False) is None, why
         assert not FusedForward.supports(tiny_model(0).to(torch.bfloat16))
         assert not FusedForward.supports(tiny_model(0, qkv_bias=True))  # biases: eager
         assert accelerate(tiny_model(0, qkv_bias=True)).runner is None, "accelerate must skip what it cannot run"
     trainable = tiny_model(0).requires_grad_(True)
     trainable_rows = FusedRows(trainable)
-    assert not trainable_rows._applies(x, None, cache, None, None)  # a backward needs the eager graph
+    assert not trainable_rows.applies(x, None, cache, None, None)  # a backward needs the eager graph
     with torch.no_grad():
-        assert trainable_rows._applies(x, None, cache, None, None)
+        assert trainable_rows.applies(x, None, cache, None, None)
 
 
 def test_a_failed_fused_forward_changes_nothing():

@@ -17,6 +17,7 @@ from ..io.weights import load_draft, load_hf_causal_lm, load_hf_model
 from ..train.handwritten import HANDWRITTEN_PROMPTS
 from ..train.prompts import BENCH_PROMPTS
 from .gpu import cuda_syncs_per_step, run_synthetic
+from .parity import QUICK_PARITY, format_parity, run_parity
 from .probes import (compare_caches, compare_kernels, compare_policies, format_kernels, format_policies,
                      format_profile, profile_decode)
 from .report import format_synthetic, format_table
@@ -79,6 +80,13 @@ def bench_main(args, out=print, err=None):
         prompts = BENCH_PROMPTS[:args.prompts] if args.prompts else BENCH_PROMPTS
         doc = run_serve_bench(target, draft, prompts, cfg, log=err)
         text = format_serve(doc)
+    elif getattr(args, "parity", False):
+        q = QUICK_PARITY if args.quick else {}
+        target, draft, _, _ = load_systems_models(args, device, dtype, False, err)
+        doc = run_parity(target, draft, prompts=args.prompts or q.get("prompts", 6),
+                         max_new_tokens=args.max_new_tokens or q.get("max_new_tokens", 48),
+                         rounds=q.get("rounds", 15), log=err)
+        text = format_parity(doc)
     elif getattr(args, "serve_equality", False):
         target, draft, _, _ = load_systems_models(args, device, dtype, False, err)
         prompts = BENCH_PROMPTS + HANDWRITTEN_PROMPTS

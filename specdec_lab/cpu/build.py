@@ -119,14 +119,18 @@ def _load():
                              ctypes.c_void_p]
     decode_args = ([ctypes.c_void_p, ctypes.c_long, ctypes.c_long] + [ctypes.c_void_p] * 6  # rows, R, layers
                    + [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long]  # final norm, head, n_out
-                   + [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_long]  # caches, S, pos
-                   + [ctypes.c_void_p, ctypes.c_void_p]  # cos, sin
-                   + [ctypes.c_long] * 5 + [ctypes.c_float, ctypes.c_void_p, ctypes.c_void_p])
+                   + [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_long]  # caches, their strides
+                   + [ctypes.c_void_p] * 5 + [ctypes.c_long]  # pos, write, start, count, keys; max_keys
+                   + [ctypes.c_void_p, ctypes.c_long]  # mask, its columns
+                   + [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long]  # cos, sin, their rows
+                   + [ctypes.c_long] * 5 + [ctypes.c_float]  # dim, H, Hkv, D, I, eps
+                   + [ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p]  # taps, n_taps, tap_out
+                   + [ctypes.c_void_p, ctypes.c_void_p])  # work, logits
     lib.forward_work.restype = ctypes.c_long
-    lib.forward_work.argtypes = [ctypes.c_long] * 7
+    lib.forward_work.argtypes = [ctypes.c_long] * 8
     for name in ("forward_rows", "forward_rows_half", "forward_rows_int8", "forward_rows_int4"):
         if hasattr(lib, name):  # half where the compiler targets F16C, int8 AVX2, int4 both
-            getattr(lib, name).restype = None
+            getattr(lib, name).restype = ctypes.c_long  # 0, or 1 + the first row whose position is off the tables
             getattr(lib, name).argtypes = decode_args
     if hasattr(lib, "feature_input_half"):
         lib.feature_input_half.restype = None
@@ -303,13 +307,14 @@ def matmul(x: torch.Tensor, panels: torch.Tensor, n: int) -> torch.Tensor:
 def forward_rows(*args):
     """A few rows through a whole decoder (csrc/panel_matmul.cpp, `forward_rows`);
     fused.FusedForward gathers the arguments."""
-    _load().forward_rows(*args)
+    return _load().forward_rows(*args)
 
 
 def forward_work(rows: int, dim: int, n_heads: int, n_kv_heads: int, head_dim: int, intermediate: int,
-                 capacity: int) -> int:
-    """Floats of work buffer that forward_rows needs for `rows` rows and a cache of `capacity`."""
-    return _load().forward_work(rows, dim, n_heads, n_kv_heads, head_dim, intermediate, capacity)
+                 max_keys: int, threads: int) -> int:
+    """Floats of work buffer that forward_rows needs for `rows` rows attending over at most `max_keys`
+    keys each, on `threads` threads."""
+    return _load().forward_work(rows, dim, n_heads, n_kv_heads, head_dim, intermediate, max_keys, threads)
 
 
 def has_half() -> bool:
@@ -319,7 +324,7 @@ def has_half() -> bool:
 
 def forward_rows_half(*args):
     """forward_rows over half-precision panels (kernels.pack(w, torch.float16))."""
-    _load().forward_rows_half(*args)
+    return _load().forward_rows_half(*args)
 
 
 def has_int8() -> bool:
@@ -329,7 +334,7 @@ def has_int8() -> bool:
 
 def forward_rows_int8(*args):
     """forward_rows over int8 panels with a scale per column (kernels.pack(w, torch.int8))."""
-    _load().forward_rows_int8(*args)
+    return _load().forward_rows_int8(*args)
 
 
 def has_int4() -> bool:
@@ -340,7 +345,7 @@ def has_int4() -> bool:
 def forward_rows_int4(*args):
     """forward_rows with the layers' products over 4-bit panels (kernels.pack(w, torch.uint4)) and the
     head over int8 ones with a scale per group of 32 inputs (kernels.pack(w, torch.qint8))."""
-    _load().forward_rows_int4(*args)
+    return _load().forward_rows_int4(*args)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

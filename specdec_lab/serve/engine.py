@@ -34,7 +34,7 @@ from ..core.records import StepRecord
 from ..core.sampling import draft_token, exponential_noise, logits_to_probs, make_generator
 from ..core.verify import pack_step, read_step
 from ..drafters.model import commit_draft
-from .forward import hidden
+from .forward import hidden, logits as batch_logits
 from .kv import PagedBatchKV, PaddedBatchKV
 from .verify import batch_rule, num_accepted
 
@@ -237,7 +237,7 @@ class BatchEngine:
         rows = [torch.cat([s.c] + [d.view(1) for d in drafts[b]]) for b, s in enumerate(seqs)]
         tokens = torch.stack([F.pad(x, (0, K + 1 - len(x))) for x in rows])  # (B, K+1)
         view = self.target_kv.view([s.seq_id for s in seqs], [k + 1 for k in ks])
-        return self.target.head(hidden(self.target, view, tokens)).float()  # (B, K+1, V)
+        return batch_logits(self.target, view, tokens)  # (B, K+1, V)
 
     def _draws(self, seqs, ks, drafts, qs, logits, K):
         """The padded inputs of the verifier; each row draws u then e from its own generator, as the

@@ -29,6 +29,7 @@ import torch
 
 from ..core.kv_cache import CacheOverflowError
 from ..core.attention import grouped_attention
+from ..cpu.fused import Layout
 from ..paged import BlockAllocator, PoolExhaustedError, blocks_for
 
 
@@ -129,6 +130,24 @@ class BatchView:
         keys, values = self.kv._write_read(self, layer, k, v)  # (B, Hkv, S, D)
         return grouped_attention(q, keys, values, mask)
 
+    def fused_layout(self, T: int):
+        """The view's real rows for the CPU's one-call forward (cpu/fused.py, `Layout`), padding left out:
+        (layout, where those rows sit in the (B, T) grid, how to commit them). Reserves every
+        sequence's memory first, all or none, as `reserve` does."""
+        if T != self.T:
+            raise ValueError(f"T: this view was made for {self.T} tokens per row, got {T}")
+        self.kv._allocate(self)
+        parts, off = [], 0
+        for b, (s, L, r) in enumerate(zip(self.seqs, self.starts, self.real)):
+            rows = self.kv._key_rows(s, L + r)  # (L + r,): where each position's key lives
+            new = torch.arange(L, L + r)
+            parts.append((new, rows[L:], torch.full((r,), off), new + 1, rows, torch.arange(b * T, b * T + r)))
+            off += L + r
+        pos, write, start, count, keys, flat = (torch.cat(c) for c in zip(*parts))
+        layout = Layout(self.kv.k, self.kv.v, self.kv._head_stride(), pos, write, start, count, keys,
+                        max(L + r for L, r in zip(self.starts, self.real)))
+        return layout, (None if min(self.real) == T else flat), lambda: self.advance(T)
+
     def advance(self, T: int):
         """Commit each row's real tokens (padding is never committed)."""
         for s, L, r in zip(self.seqs, self.starts, self.real):
@@ -195,6 +214,23 @@ class PagedBatchKV(_BatchKV):
     def _reserve(self, view):
         """Allocate every row's blocks for its real tokens (all rows or none), then the forward's
         write index (B*Hkv*T,) and read index (B*Hkv*S,) into the pool's rows."""
+        self._allocate(view)
+        write, read = [], []
+        for s, L, r in zip(view.seqs, view.starts, view.real):
+            rows = self._rows[s]
+            write.append(torch.cat([rows[:, L:L + r], self._scratch.expand(-1, view.T - r)], 1))  # (Hkv, T)
+            read.append(torch.cat([rows[:, :L + r], self._scratch.expand(-1, view.S - L - r)], 1))  # (Hkv, S)
+        return torch.stack(write).reshape(-1), torch.stack(read).reshape(-1)
+
+    def _key_rows(self, seq, n):
+        """(n,) the pool row of head 0 for positions 0..n - 1 of `seq` (head g's is g * P further)."""
+        return self._rows[seq][0, :n]
+
+    def _head_stride(self):
+        return self.block_size
+
+    def _allocate(self, view):
+        """Every row's blocks for its real tokens, all rows or none."""
         P = self.block_size
         for s, L, r in zip(view.seqs, view.starts, view.real):
             if L + r > self.max_seq_len:
@@ -211,12 +247,6 @@ class PagedBatchKV(_BatchKV):
                 j = len(table)
                 self._rows[s][:, j * P:(j + 1) * P] = self._block0 + b * stride  # block id as a scalar operand
                 table.append(b)
-        write, read = [], []
-        for s, L, r in zip(view.seqs, view.starts, view.real):
-            rows = self._rows[s]
-            write.append(torch.cat([rows[:, L:L + r], self._scratch.expand(-1, view.T - r)], 1))  # (Hkv, T)
-            read.append(torch.cat([rows[:, :L + r], self._scratch.expand(-1, view.S - L - r)], 1))  # (Hkv, S)
-        return torch.stack(write).reshape(-1), torch.stack(read).reshape(-1)
 
     def _write_read(self, view, layer, k, v):
         write, read = view._index
@@ -263,11 +293,21 @@ class PaddedBatchKV(_BatchKV):
         del self.lengths[seq]
 
     def _reserve(self, view):
+        self._allocate(view)
+        return True
+
+    def _allocate(self, view):
         for s, L, r in zip(view.seqs, view.starts, view.real):
             if L + r > self.max_seq_len:
                 raise CacheOverflowError(f"cache overflow: seq {s} length {L} + {r} new positions > "
                                          f"max_seq_len {self.max_seq_len}")
-        return True
+
+    def _key_rows(self, seq, n):
+        """(n,) the row of head 0 for positions 0..n - 1 of `seq` in (L, R, Hkv, S, D)'s rows of D."""
+        return torch.arange(n) + self.slots[seq] * self.n_kv_heads * self.max_seq_len
+
+    def _head_stride(self):
+        return self.max_seq_len
 
     def _write_read(self, view, layer, k, v):
         for b, (s, L, r) in enumerate(zip(view.seqs, view.starts, view.real)):

@@ -16,8 +16,9 @@ When sampling, a static tree uses Sequoia's rule over children drawn without rep
 ("sampled") unless told otherwise, and a dynamic tree, whose children are the draft's top
 ones, the "deterministic" rule; both are lossless.
 
-The verification forward has an explicit mask, which the CPU's one-call forward does not
-take: it runs the eager model, while the chain engine's verification runs the fused one.
+The verification forward has an explicit mask; the CPU's one-call forward takes it as it takes
+the chain's (cpu/fused.py, `from_mask`): each node attends over the cache and its ancestors, bit
+for bit as its path fed as a chain would (tests/test_fused_shapes.py).
 """
 import time
 

@@ -63,7 +63,7 @@ static inline __attribute__((always_inline)) void panel_rows(
 
 /* Rows r0.. of panel t: the switch hands panel_rows a constant row count, so each case
  * compiles to straight-line code with no row loop left. */
-static void one_panel(const float *x, long R, const float *P, float *y, long K, long N, long t) {
+__attribute__((noinline)) static void one_panel(const float *x, long R, const float *P, float *y, long K, long N, long t) {
     const float *p = P + t * K * PW;
     for (long r0 = 0; r0 < R; r0 += RB) {
         const float *xr = x + r0 * K;
@@ -117,24 +117,39 @@ extern "C" long panel_threaded(void) {
 }
 
 /* ---------------------------------------------------------------------------------------
- * A few tokens through a whole Llama-style decoder, in one call.
+ * A few tokens through a whole Llama-style decoder, in one call, whatever the shape around them.
  *
  * An eager forward is some 15 operator calls a layer (views and slices included). For a draft
  * of a few narrow layers they are the whole cost; for the default target's 30 layers they
  * added about 30% to a one-token forward whose weights stream from memory. This
- * function runs the same arithmetic for R rows at positions pos..pos+R-1 with no operator in
- * between: per layer RMSNorm, the fused q/k/v product, rotary embedding, the key/value cache
- * write, grouped attention over the cache (row r sees positions up to pos + r), the output
- * product, RMSNorm, the fused gate/up product, SiLU, the down product; then the final RMSNorm
- * and, if n_out > 0, the head. The float32 products are panel_matmul's, so each row's result is
- * bit-for-bit the same whatever R is, and so is everything else here, which works row by row:
- * a decode token and the same token inside a K+1-row verification get the same logits.
- * Attention and the rest agree with the eager path to rounding.
+ * function runs the same arithmetic for R rows with no operator in between: per layer RMSNorm,
+ * the fused q/k/v product, rotary embedding, the key/value cache write, grouped attention,
+ * the output product, RMSNorm, the fused gate/up product, SiLU, the down product; then the
+ * final RMSNorm and, if n_out > 0, the head.
  *
- * Shapes: rows (R, dim); the cache is (L, Hkv, S, D) for batch 1, written at pos..pos+R-1; cos
- * and sin are R consecutive rows of the rotary tables, in the rotate-half layout; every
- * product's output width is padded to a multiple of PW (the panels are), written P(n) below;
- * logits (R, P(n_out)). work holds forward_work(...) floats; after the call its rows
+ * The rows need not be one sequence's chain. Each row r says, as vLLM's flattened batch does:
+ *   pos[r]            its rotary position (a row of the cos and sin tables)
+ *   write[r]          the key row its key and value go to
+ *   keys[start[r] .. start[r] + count[r])   the key rows it attends over, in order
+ * A key row is a row of D floats of head 0 in one layer of the cache; head g's is head_stride rows
+ * further, and layer l's cache begins l * layer_stride floats in. A contiguous cache (L, 1, Hkv, S, D)
+ * is head_stride S with key row t = position t; a paged pool (L, N, Hkv, P, D) is head_stride P with
+ * the row of block b, offset o = b Hkv P + o. So one call takes one sequence's chain (row r sees
+ * positions 0..L + r), a token tree (row r sees the cache and its ancestors), or several sequences
+ * at once, each over its own blocks. Every row's keys are written before any row attends.
+ *
+ * The float32 products are panel_matmul's and everything else works row by row, so a row's result
+ * is bit-for-bit the same whatever the other rows are: a decode token alone, the same token inside
+ * a K+1-row verification, inside a tree or inside a batch of sequences get the same logits, given
+ * the same keys. Attention and the rest agree with the eager path to rounding. Attention's
+ * (row, head) pairs are split over threads; each thread scores in its own max_keys floats of work.
+ *
+ * taps (n_layers entries): -1, or the slot j at which the residual stream after layer l is copied
+ * into tap_out (R, n_taps * dim), columns [j dim, (j + 1) dim): the layer states an EAGLE-3 draft reads.
+ *
+ * Shapes: rows (R, dim); cos and sin the whole rotary tables (positions, D), in the rotate-half
+ * layout; every product's output width is padded to a multiple of PW (the panels are), written P(n)
+ * below; logits (R, P(n_out)). work holds forward_work(...) floats; after the call its rows
  * [R, 2R) of width dim are the final normalised hidden states.
  */
 static inline long padded(long n) { return (n + PW - 1) / PW * PW; }
@@ -432,15 +447,29 @@ static float exp_shifted(float *s, long n, float top) {
 #endif
 }
 
-/* o (D) = sum over t < n of p[t] * v[t] (rows of D floats), in t order. With D a constant the
- * compiler holds o in registers for the whole sum; with D read at run time it loaded and stored o
- * around every position, and that store-to-load chain was the largest cost of attention. */
+/* o (D) = sum over t < n of p[t] * v[keys[t]] (rows of D floats), in t order. With D a constant the
+ * sum stays in registers for all the positions; with D read at run time it loaded and stored o around
+ * every position, and that store-to-load chain was the largest cost of attention. Through the index,
+ * the compiler no longer held the plain loop's sum in registers (7x slower alone, a 5-row forward at
+ * 400 positions 15% slower), so with AVX2 the D / 8 sums are written as vector registers. */
 template <long D>
-static inline void weighted_sum(const float *__restrict p, long n, const float *__restrict v, float *__restrict o) {
+static inline void weighted_sum(const float *__restrict p, const long *__restrict keys, long n,
+                                const float *__restrict v, float *__restrict o) {
+#ifdef __AVX2__
+    __m256 acc[D / 8];
+    for (long i = 0; i < D / 8; i++) acc[i] = _mm256_setzero_ps();
+    for (long t = 0; t < n; t++) {
+        const float *vt = v + keys[t] * D;
+        const __m256 pt = _mm256_set1_ps(p[t]);
+        for (long i = 0; i < D / 8; i++) acc[i] = _mm256_fmadd_ps(pt, _mm256_loadu_ps(vt + 8 * i), acc[i]);
+    }
+    for (long i = 0; i < D / 8; i++) _mm256_storeu_ps(o + 8 * i, acc[i]);
+#else
     float acc[D] = {0};
     for (long t = 0; t < n; t++)
-        for (long i = 0; i < D; i++) acc[i] += p[t] * v[t * D + i];
+        for (long i = 0; i < D; i++) acc[i] += p[t] * v[keys[t] * D + i];
     for (long i = 0; i < D; i++) o[i] = acc[i];
+#endif
 }
 
 static void rotate(float *v, const float *cos, const float *sin, long D) {  /* one head, in place */
@@ -452,62 +481,102 @@ static void rotate(float *v, const float *cos, const float *sin, long D) {  /* o
     }
 }
 
-/* Floats of work a forward over R rows needs (model.FusedForward sizes its buffer with it). */
-extern "C" long forward_work(long R, long dim, long H, long Hkv, long D, long I, long S) {
-    return R * (2 * dim + padded(dim) + padded((H + 2 * Hkv) * D) + H * D + padded(2 * I) + I) + S;
+/* Floats of work a forward over R rows needs, attending over at most max_keys keys on `threads`
+ * threads (model.FusedForward sizes its buffer with it). */
+extern "C" long forward_work(long R, long dim, long H, long Hkv, long D, long I, long max_keys, long threads) {
+    return R * (2 * dim + padded(dim) + padded((H + 2 * Hkv) * D) + H * D + padded(2 * I) + I)
+           + (3 * max_keys + 2) * threads;  /* scores, and a mask's kept keys (int64, two floats each, aligned) */
+}
+
+/* Row r, query head j: o (D) = softmax(q . keys / sqrt(D) + bias) . values over the row's key rows.
+ * With a mask row (additive, one entry per key), a key at -inf is left out and the others add their
+ * entry: a row sees the same keys in the same order as a chain of its visible keys alone. */
+static void attend_one(const float *q, const long *keys, long n, const float *mask, const float *kg,
+                       const float *vg, long D, float scale, float *scores, long *kept, float *o) {
+    if (mask != nullptr) {
+        long m = 0;
+        for (long t = 0; t < n; t++)
+            if (mask[t] != -__builtin_inff()) kept[m++] = t;
+        for (long t = 0; t < m; t++) scores[t] = mask[kept[t]], kept[t] = keys[kept[t]];
+        keys = kept, n = m;
+    }
+    float top = -__builtin_inff();
+    for (long t = 0; t < n; t++) {
+        const float s = dot(q, kg + keys[t] * D, D) * scale;
+        scores[t] = mask != nullptr ? s + scores[t] : s;
+        top = scores[t] > top ? scores[t] : top;
+    }
+    if (n == 0) {  /* a row that sees nothing: zeros (the eager forward's softmax gives NaN) */
+        for (long i = 0; i < D; i++) o[i] = 0.0f;
+        return;
+    }
+    const float sum = exp_shifted(scores, n, top);
+    for (long t = 0; t < n; t++) scores[t] /= sum;
+    switch (D) {  /* a head width known here keeps o in registers over the positions */
+    case 32: weighted_sum<32>(scores, keys, n, vg, o); break;
+    case 64: weighted_sum<64>(scores, keys, n, vg, o); break;
+    case 128: weighted_sum<128>(scores, keys, n, vg, o); break;
+    default:
+        for (long i = 0; i < D; i++) o[i] = 0.0f;
+        for (long t = 0; t < n; t++)
+            for (long i = 0; i < D; i++) o[i] += scores[t] * vg[keys[t] * D + i];
+    }
 }
 
 template <typename W, typename WH = W>
-static void forward(
+static long forward(
         const float *rows, long R, long n_layers,
         const float *const *attn_norm, const W *const *wqkv, const W *const *wo,
         const float *const *mlp_norm, const W *const *w13, const W *const *w2,
         const float *final_norm, const WH *head, long n_out,
-        float *k_cache, float *v_cache, long S, long pos, const float *cos, const float *sin,
-        long dim, long H, long Hkv, long D, long I, float eps, float *work, float *logits) {
+        float *k_cache, float *v_cache, long layer_stride, long head_stride,
+        const long *pos, const long *write, const long *start, const long *count, const long *keys, long max_keys,
+        const float *mask, long mask_cols, const float *cos, const float *sin, long rope_rows,
+        long dim, long H, long Hkv, long D, long I, float eps, const long *taps, long n_taps, float *tap_out,
+        float *work, float *logits) {
+    for (long r = 0; r < R; r++)  /* positions are the caller's data: refuse one outside the tables */
+        if (pos[r] < 0 || pos[r] >= rope_rows) return 1 + r;
     const long G = H / Hkv, HD = H * D, qkv_n = padded((H + 2 * Hkv) * D), dim_n = padded(dim);
     const long mlp_n = padded(2 * I);
     /* row strides: an input to a product is packed at its width K, an output at its padded N */
     float *x = work, *h = x + R * dim, *y = h + R * dim, *qkv = y + R * dim_n, *att = qkv + R * qkv_n;
-    float *mlp = att + R * HD, *act = mlp + R * mlp_n, *scores = act + R * I;
+    float *mlp = att + R * HD, *act = mlp + R * mlp_n, *scores = act + R * I;  /* then each thread's 3 max_keys */
     const float scale = (float)(1.0 / __builtin_sqrt((double)D));
     for (long i = 0; i < R * dim; i++) x[i] = rows[i];
     for (long l = 0; l < n_layers; l++) {
         rms_norm(x, R, dim, attn_norm[l], eps, h);
         product(h, R, wqkv[l], qkv, dim, qkv_n);
-        float *kl = k_cache + l * Hkv * S * D, *vl = v_cache + l * Hkv * S * D;
+        float *kl = k_cache + l * layer_stride, *vl = v_cache + l * layer_stride;
         for (long r = 0; r < R; r++) {  /* rotate queries and keys, then write keys and values */
             float *q = qkv + r * qkv_n;
-            for (long j = 0; j < H + Hkv; j++) rotate(q + j * D, cos + r * D, sin + r * D, D);
+            const float *c = cos + pos[r] * D, *s = sin + pos[r] * D;
+            for (long j = 0; j < H + Hkv; j++) rotate(q + j * D, c, s, D);
             for (long g = 0; g < Hkv; g++)
                 for (long i = 0; i < D; i++) {
-                    kl[(g * S + pos + r) * D + i] = q[(H + g) * D + i];
-                    vl[(g * S + pos + r) * D + i] = q[(H + Hkv + g) * D + i];
+                    kl[(write[r] + g * head_stride) * D + i] = q[(H + g) * D + i];
+                    vl[(write[r] + g * head_stride) * D + i] = q[(H + Hkv + g) * D + i];
                 }
         }
-        for (long r = 0; r < R; r++) {
-            const long last = pos + r;  /* the causal mask: row r sees positions 0..pos + r */
-            for (long j = 0; j < H; j++) {  /* query head j reads key/value head j / G */
-                const float *q = qkv + r * qkv_n + j * D, *kg = kl + (j / G) * S * D, *vg = vl + (j / G) * S * D;
-                float top = -__builtin_inff();
-                for (long t = 0; t <= last; t++) {
-                    scores[t] = dot(q, kg + t * D, D) * scale;
-                    top = scores[t] > top ? scores[t] : top;
-                }
-                const float sum = exp_shifted(scores, last + 1, top);
-                for (long t = 0; t <= last; t++) scores[t] /= sum;
-                float *o = att + r * HD + j * D;
-                switch (D) {  /* a head width known here keeps o in registers over the positions */
-                case 32: weighted_sum<32>(scores, last + 1, vg, o); break;
-                case 64: weighted_sum<64>(scores, last + 1, vg, o); break;
-                case 128: weighted_sum<128>(scores, last + 1, vg, o); break;
-                default:
-                    for (long i = 0; i < D; i++) o[i] = 0.0f;
-                    for (long t = 0; t <= last; t++)
-                        for (long i = 0; i < D; i++) o[i] += scores[t] * vg[t * D + i];
-                }
+        /* query head j reads key/value head j / G; each (row, head) pair is one task */
+        auto pairs = [&](long begin, long end, float *sc) {
+            for (long p = begin; p < end; p++) {
+                const long r = p / H, j = p % H, off = (j / G) * head_stride * D;
+                attend_one(qkv + r * qkv_n + j * D, keys + start[r], count[r],
+                           mask != nullptr ? mask + r * mask_cols : nullptr, kl + off, vl + off, D, scale, sc,
+                           (long *)(((unsigned long)(sc + max_keys) + 7) & ~7UL), att + r * HD + j * D);
             }
-        }
+        };
+#ifdef SPECDEC_LAB_SERIAL
+        pairs(0, R * H, scores);
+#else
+        long all_keys = 0;
+        for (long r = 0; r < R; r++) all_keys += count[r];
+        const long grain = 1 + (1 << 16) / (1 + all_keys / R * D);  /* some 64k multiply-adds per task */
+        if (R * H <= grain) pairs(0, R * H, scores);
+        else at::parallel_for(0, R * H, grain, [&](int64_t begin, int64_t end) {
+            pairs(begin, end, scores + at::get_thread_num() * (3 * max_keys + 2));
+        });
+#endif
         product(att, R, wo[l], y, HD, dim_n);
         for (long r = 0; r < R; r++)
             for (long i = 0; i < dim; i++) x[r * dim + i] += y[r * dim_n + i];
@@ -517,9 +586,13 @@ static void forward(
         product(act, R, w2[l], y, I, dim_n);
         for (long r = 0; r < R; r++)
             for (long i = 0; i < dim; i++) x[r * dim + i] += y[r * dim_n + i];
+        if (taps != nullptr && taps[l] >= 0)
+            for (long r = 0; r < R; r++)
+                for (long i = 0; i < dim; i++) tap_out[(r * n_taps + taps[l]) * dim + i] = x[r * dim + i];
     }
     rms_norm(x, R, dim, final_norm, eps, h);
     if (n_out > 0) product(h, R, head, logits, dim, n_out);
+    return 0;
 }
 
 #define DECODE_ARGS2(W, WH) \
@@ -527,13 +600,18 @@ static void forward(
         const float *const *attn_norm, const W *const *wqkv, const W *const *wo, \
         const float *const *mlp_norm, const W *const *w13, const W *const *w2, \
         const float *final_norm, const WH *head, long n_out, \
-        float *k_cache, float *v_cache, long S, long pos, const float *cos, const float *sin, \
-        long dim, long H, long Hkv, long D, long I, float eps, float *work, float *logits
+        float *k_cache, float *v_cache, long layer_stride, long head_stride, \
+        const long *pos, const long *write, const long *start, const long *count, const long *keys, long max_keys, \
+        const float *mask, long mask_cols, const float *cos, const float *sin, long rope_rows, \
+        long dim, long H, long Hkv, long D, long I, float eps, const long *taps, long n_taps, float *tap_out, \
+        float *work, float *logits
 #define DECODE_ARGS(W) DECODE_ARGS2(W, W)
 #define DECODE_PASS rows, R, n_layers, attn_norm, wqkv, wo, mlp_norm, w13, w2, final_norm, head, n_out, \
-        k_cache, v_cache, S, pos, cos, sin, dim, H, Hkv, D, I, eps, work, logits
+        k_cache, v_cache, layer_stride, head_stride, pos, write, start, count, keys, max_keys, mask, mask_cols, \
+        cos, sin, rope_rows, \
+        dim, H, Hkv, D, I, eps, taps, n_taps, tap_out, work, logits
 
-extern "C" void forward_rows(DECODE_ARGS(float)) { forward<float>(DECODE_PASS); }
+extern "C" long forward_rows(DECODE_ARGS(float)) { return forward<float>(DECODE_PASS); }
 
 #ifdef __F16C__
 /* forward_rows_half: the same forward over half-precision panels (same layout, 2 bytes a weight),
@@ -543,7 +621,7 @@ extern "C" void forward_rows(DECODE_ARGS(float)) { forward<float>(DECODE_PASS); 
  * 1.5-3.0 ms this way against 5.6-6.4 ms for the eager float32 forward (one thread, three rounds on
  * a day a target forward took 72-116 ms). Built only where the compiler targets F16C
  * (kernels.has_half()). */
-extern "C" void forward_rows_half(DECODE_ARGS(unsigned short)) { forward<unsigned short>(DECODE_PASS); }
+extern "C" long forward_rows_half(DECODE_ARGS(unsigned short)) { return forward<unsigned short>(DECODE_PASS); }
 
 /* A feature draft's input row in one call: out (P(dim)) = fc [norm(embedding), norm(state)],
  * fc (2 dim, dim) in half-precision panels; work holds 2 dim floats. */
@@ -561,7 +639,7 @@ extern "C" void feature_input_half(const float *embedding, const float *state, c
  * layout above): a quarter of float32's bytes. model.OneTokenDecoder(weights="int8") drives it;
  * cpu/self_draft.py runs the target itself this way as its own draft. Built only where the compiler
  * targets AVX2 (kernels.has_int8()). */
-extern "C" void forward_rows_int8(DECODE_ARGS(signed char)) { forward<signed char>(DECODE_PASS); }
+extern "C" long forward_rows_int8(DECODE_ARGS(signed char)) { return forward<signed char>(DECODE_PASS); }
 #endif
 
 #if defined(__AVX2__) && defined(__F16C__)
@@ -572,7 +650,7 @@ extern "C" void forward_rows_int8(DECODE_ARGS(signed char)) { forward<signed cha
  * column; with these two formats both the layers (Q4_1) and the head (Q8_0) come back exactly.
  * Drives self_draft.SelfDraft(target, weights="int4"). kernels.has_int4() says whether it was built
  * (a compiler targeting AVX2 and F16C). */
-extern "C" void forward_rows_int4(DECODE_ARGS2(unsigned char, q8_group)) {
-    forward<unsigned char, q8_group>(DECODE_PASS);
+extern "C" long forward_rows_int4(DECODE_ARGS2(unsigned char, q8_group)) {
+    return forward<unsigned char, q8_group>(DECODE_PASS);
 }
 #endif
