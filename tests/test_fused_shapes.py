@@ -147,3 +147,18 @@ def test_a_layout_that_points_outside_the_cache_is_refused():
     with pytest.raises(ValueError, match="max_keys"):
         m.runner.fused.run(rows, good._replace(max_keys=1))
     assert isinstance(good, Layout) and cache.length == 0, "a refused call writes nothing and commits nothing"
+
+
+def test_the_stored_parity_run_is_what_benchmarks_md_quotes():
+    """docs/benchmarks.md, section 36, quotes docs/parity.json: the same figures, and answers that agreed."""
+    import json
+    from pathlib import Path
+    docs = Path(__file__).resolve().parents[1] / "docs"
+    doc = json.loads((docs / "parity.json").read_text())
+    text = (docs / "benchmarks.md").read_text().split("## 36. ")[1]
+    rows = [*(doc["server_over_engine"][k] for k in ("0", "2", "4")), doc["tree_over_chain"], doc["eagle3_over_plain"]]
+    for r in rows:
+        lo, hi = r["interval"]
+        assert f"| {r['ratio']:.3f} | {lo:.3f}-{hi:.3f} |" in text, r
+    assert all(r["same_answers"] for r in doc["server_over_engine"].values())
+    assert doc["forward_kind"] == "cpu-fused" and doc["threads"] == 1
