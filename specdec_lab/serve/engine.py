@@ -221,9 +221,8 @@ class BatchEngine:
                 feed = [drafts[b][-1].view(1) for b in rows]
             real = [len(x) for x in feed]
             tokens = torch.stack([F.pad(x, (0, max(real) - r)) for x, r in zip(feed, real)])  # (B', T)
-            h = hidden(self.draft, self.draft_kv.view([seqs[b].seq_id for b in rows], real), tokens)
-            last = torch.stack([h[j, r - 1] for j, r in enumerate(real)])  # (B', dim) each row's last real token
-            logits = self.draft.head(last).float()  # (B', V)
+            out = batch_logits(self.draft, self.draft_kv.view([seqs[b].seq_id for b in rows], real), tokens)
+            logits = torch.stack([out[j, r - 1] for j, r in enumerate(real)])  # (B', V) each row's last real token
             forwards += 1
             for j, b in enumerate(rows):
                 s = seqs[b]

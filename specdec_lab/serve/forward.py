@@ -14,9 +14,20 @@ import torch
 def hidden(model, view, tokens: torch.Tensor) -> torch.Tensor:
     """tokens (B, T) int64 on the model's device -> final states (B, T, dim); commits each row's
     real tokens."""
-    return model.hidden(tokens, view.input_pos(), view, view.mask(model.dtype))
+    input_pos, mask = _positions_and_mask(model, view, tokens)
+    return model.hidden(tokens, input_pos, view, mask)
 
 
 def logits(model, view, tokens: torch.Tensor) -> torch.Tensor:
     """tokens (B, T) -> logits (B, T, V) in float32; commits each row's real tokens."""
-    return model(tokens, view.input_pos(), view, view.mask(model.dtype))
+    input_pos, mask = _positions_and_mask(model, view, tokens)
+    return model(tokens, input_pos, view, mask)
+
+
+def _positions_and_mask(model, view, tokens):
+    """The eager forward's (B, T) positions and (B, 1, T, S) mask, or (None, None) where the runner lays
+    the view's rows out itself (it reads them from the view) and would not look at them."""
+    applies = getattr(model.runner, "applies", None)
+    if applies is not None and applies(tokens, None, view, None) == "batch":
+        return None, None
+    return view.input_pos(), view.mask(model.dtype)

@@ -485,25 +485,18 @@ static void rotate(float *v, const float *cos, const float *sin, long D) {  /* o
  * threads (model.FusedForward sizes its buffer with it). */
 extern "C" long forward_work(long R, long dim, long H, long Hkv, long D, long I, long max_keys, long threads) {
     return R * (2 * dim + padded(dim) + padded((H + 2 * Hkv) * D) + H * D + padded(2 * I) + I)
-           + (3 * max_keys + 2) * threads;  /* scores, and a mask's kept keys (int64, two floats each, aligned) */
+           + R * (3 * max_keys + 2) + 2  /* a mask's kept keys (int64, two floats each), their values, counts */
+           + max_keys * threads;  /* each thread's scores */
 }
 
-/* Row r, query head j: o (D) = softmax(q . keys / sqrt(D) + bias) . values over the row's key rows.
- * With a mask row (additive, one entry per key), a key at -inf is left out and the others add their
- * entry: a row sees the same keys in the same order as a chain of its visible keys alone. */
-static void attend_one(const float *q, const long *keys, long n, const float *mask, const float *kg,
-                       const float *vg, long D, float scale, float *scores, long *kept, float *o) {
-    if (mask != nullptr) {
-        long m = 0;
-        for (long t = 0; t < n; t++)
-            if (mask[t] != -__builtin_inff()) kept[m++] = t;
-        for (long t = 0; t < m; t++) scores[t] = mask[kept[t]], kept[t] = keys[kept[t]];
-        keys = kept, n = m;
-    }
+/* Row r, query head j: o (D) = softmax(q . keys / sqrt(D) + bias) . values over the row's key rows;
+ * bias (one value per key) may be null. */
+static void attend_one(const float *q, const long *keys, long n, const float *bias, const float *kg,
+                       const float *vg, long D, float scale, float *scores, float *o) {
     float top = -__builtin_inff();
     for (long t = 0; t < n; t++) {
         const float s = dot(q, kg + keys[t] * D, D) * scale;
-        scores[t] = mask != nullptr ? s + scores[t] : s;
+        scores[t] = bias != nullptr ? s + bias[t] : s;
         top = scores[t] > top ? scores[t] : top;
     }
     if (n == 0) {  /* a row that sees nothing: zeros (the eager forward's softmax gives NaN) */
@@ -540,8 +533,27 @@ static long forward(
     const long mlp_n = padded(2 * I);
     /* row strides: an input to a product is packed at its width K, an output at its padded N */
     float *x = work, *h = x + R * dim, *y = h + R * dim, *qkv = y + R * dim_n, *att = qkv + R * qkv_n;
-    float *mlp = att + R * HD, *act = mlp + R * mlp_n, *scores = act + R * I;  /* then each thread's 3 max_keys */
+    float *mlp = att + R * HD, *act = mlp + R * mlp_n, *kept_area = act + R * I;
+    float *scores = kept_area + R * (3 * max_keys + 2) + 2;  /* each thread's max_keys floats */
     const float scale = (float)(1.0 / __builtin_sqrt((double)D));
+    /* With a mask (additive, row r's over its count[r] keys), each row keeps the keys not at -inf, with
+     * their values as a bias, once for every layer: a row then sees the same keys in the same order as a
+     * chain of its visible keys alone, and a tree's node gets its path's result bit for bit. */
+    const float *bias = nullptr;
+    if (mask != nullptr) {
+        long *kept = (long *)(((unsigned long)kept_area + 7) & ~7UL), *kept_n = kept + R * max_keys;
+        float *kept_bias = (float *)(kept_n + R);
+        for (long r = 0; r < R; r++) {
+            long m = 0;
+            for (long t = 0; t < count[r]; t++)
+                if (mask[r * mask_cols + t] != -__builtin_inff()) {
+                    kept[r * max_keys + m] = keys[start[r] + t];
+                    kept_bias[r * max_keys + m++] = mask[r * mask_cols + t];
+                }
+            kept_n[r] = m;
+        }
+        keys = kept, count = kept_n, bias = kept_bias;
+    }
     for (long i = 0; i < R * dim; i++) x[i] = rows[i];
     for (long l = 0; l < n_layers; l++) {
         rms_norm(x, R, dim, attn_norm[l], eps, h);
@@ -561,9 +573,10 @@ static long forward(
         auto pairs = [&](long begin, long end, float *sc) {
             for (long p = begin; p < end; p++) {
                 const long r = p / H, j = p % H, off = (j / G) * head_stride * D;
-                attend_one(qkv + r * qkv_n + j * D, keys + start[r], count[r],
-                           mask != nullptr ? mask + r * mask_cols : nullptr, kl + off, vl + off, D, scale, sc,
-                           (long *)(((unsigned long)(sc + max_keys) + 7) & ~7UL), att + r * HD + j * D);
+                const long first = bias != nullptr ? r * max_keys : start[r];
+                attend_one(qkv + r * qkv_n + j * D, keys + first, count[r],
+                           bias != nullptr ? bias + r * max_keys : nullptr, kl + off, vl + off, D, scale, sc,
+                           att + r * HD + j * D);
             }
         };
 #ifdef SPECDEC_LAB_SERIAL
@@ -574,7 +587,7 @@ static long forward(
         const long grain = 1 + (1 << 16) / (1 + all_keys / R * D);  /* some 64k multiply-adds per task */
         if (R * H <= grain) pairs(0, R * H, scores);
         else at::parallel_for(0, R * H, grain, [&](int64_t begin, int64_t end) {
-            pairs(begin, end, scores + at::get_thread_num() * (3 * max_keys + 2));
+            pairs(begin, end, scores + at::get_thread_num() * max_keys);
         });
 #endif
         product(att, R, wo[l], y, HD, dim_n);
