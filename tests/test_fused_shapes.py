@@ -162,3 +162,17 @@ def test_the_stored_parity_run_is_what_benchmarks_md_quotes():
         assert f"| {r['ratio']:.3f} | {lo:.3f}-{hi:.3f} |" in text, r
     assert all(r["same_answers"] for r in doc["server_over_engine"].values())
     assert doc["forward_kind"] == "cpu-fused" and doc["threads"] == 1
+
+
+def test_the_stored_lab_drafts_run_is_what_benchmarks_md_quotes():
+    import json
+    from pathlib import Path
+    docs = Path(__file__).resolve().parents[1] / "docs"
+    doc = json.loads((docs / "lab_drafts.json").read_text())
+    text = (docs / "benchmarks.md").read_text().split("## 36. ")[1]
+    for name in ("shipped draft, K = 2", "EAGLE-3 draft, K = 3"):
+        r = doc["systems"][name]
+        lo, hi = r["interval"]
+        assert f"| {name} | {r['over_autoregressive']:.3f}x ({lo:.3f}-{hi:.3f}) | {r['tokens_per_step']:.2f} | " \
+               f"{r['same_as_autoregressive']}/{doc['prompts']} |" in text, name
+    assert lo > 1, "the prose says EAGLE-3 now pays in the lab: beyond its interval"
