@@ -75,25 +75,26 @@ def is_subset_head(head) -> bool:
 
 
 class FusedForward:
-    """A model's forward over a few rows (decode's one token, verification's K+1) as one call
-    into the kernel library (build.py, `forward_rows`), writing their keys and values into a
-    contiguous batch-1 KVCache at its length and advancing it.
+    """A model's forward over a few rows as one call into the kernel library (build.py,
+    `forward_rows`). `fused(rows, cache)` runs decode's one token or verification's K+1 after a
+    contiguous batch-1 KVCache's length and advances it; `fused.run(rows, layout)` runs rows laid
+    out by a `Layout` (a tree's, a batch of sequences'), which the caller commits.
 
     The eager forward of the default target is some 450 operator calls a token; this runs the
     same arithmetic with none in between (docs/benchmarks.md has what that bought). Each row's
-    result is bit-for-bit the same whatever the number of rows, so a token decoded alone and the
-    same token inside a verification pass get the same logits; both agree with the eager path
-    to rounding in attention. `FusedForward.supports` says which models it takes: float32 on the
-    CPU, no biases, and the kernel library.
+    result is bit-for-bit the same whatever the other rows are, so a token decoded alone and the
+    same token inside a verification pass, a tree or a batch get the same logits, given the same
+    keys; all agree with the eager path to rounding in attention. `FusedForward.supports` says
+    which models it takes: float32 on the CPU, no biases, and the kernel library.
 
     weights="float16" reads the products' weights rounded to half precision (`forward_rows_half`),
     weights="int8" rounded to int8 against a scale per output column (`forward_rows_int8`): half or
     a quarter of the bytes, the arithmetic still in float32, the logits no longer the eager
     path's. weights="int4" reads the layers' weights in 4 bits with a scale and offset per column
     and group of 32 inputs, and the head in int8 with a scale per group (`forward_rows_int4`): a
-    sixth of the bytes. For a draft whose weights stream from memory for every token, or the target itself as its
-    own draft (self_draft.py). A draft's
-    proposals only need to be likely; verification keeps the output the target's.
+    sixth of the bytes. For a draft whose weights stream from memory for every token, or the target
+    itself as its own draft (self_draft.py). A draft's proposals only need to be likely;
+    verification keeps the output the target's.
     Weights are re-read on every call, so a model trained after this was built is seen as it is.
     Threads may share one: each has its own scratch memory, so two engines over one target can
     decode at once, each with its own cache."""
