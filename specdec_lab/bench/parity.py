@@ -41,7 +41,7 @@ def _clock(fn):
     return time.perf_counter() - t0, out
 
 
-def _paired(name_a, run_a, name_b, run_b, items, log):
+def _paired(run_a, run_b, items):
     """Run a and b on every item, alternating which goes first; returns per-item (tokens, seconds) lists."""
     a_tok, a_sec, b_tok, b_sec = [], [], [], []
     for i, item in enumerate(items):
@@ -80,7 +80,7 @@ def server_over_engine(target, draft, prompts, k, tokens, log) -> dict:
         return len(out)
 
     single(prompts[0]), served(prompts[0])  # warm-up: panels, buffers, the pool
-    result = _ratio(*_paired("server", served, "engine", single, prompts, log))
+    result = _ratio(*_paired(served, single, prompts))
     result["same_answers"] = all(a["engine"] == a["server"] for a in answers.values())
     log(f"server / engine, K = {k}: {result['ratio']:.3f} {result['interval']}")
     return result
@@ -93,7 +93,7 @@ def tree_over_chain(target, draft, prompts, tokens, log) -> dict:
     run_tree = lambda x: len(tree.generate(x, max_new_tokens=tokens).tokens)  # noqa: E731
     run_chain = lambda x: len(chain.generate(x, max_new_tokens=tokens).tokens)  # noqa: E731
     run_tree(prompts[0]), run_chain(prompts[0])
-    result = _ratio(*_paired("tree", run_tree, "chain", run_chain, prompts, log))
+    result = _ratio(*_paired(run_tree, run_chain, prompts))
     log(f"tree (1, 1, 1, 1) / chain K = 4: {result['ratio']:.3f} {result['interval']}")
     return result
 
@@ -115,7 +115,7 @@ def eagle3_over_plain(target, k, context, rounds, log) -> dict:
     x = torch.randint(0, V, (1, k + 1), generator=g)
 
     def states():
-        final, taps = target.hidden(x, cache=cache, layers=layers)
+        final, _ = target.hidden(x, cache=cache, layers=layers)
         target.head(final[0]).float()
         cache.rollback(context)
         return k + 1
@@ -125,7 +125,7 @@ def eagle3_over_plain(target, k, context, rounds, log) -> dict:
         cache.rollback(context)
         return k + 1
 
-    a_tok, a_sec, b_tok, b_sec = _paired("eagle3", lambda _: states(), "plain", lambda _: plain(), range(rounds), log)
+    a_tok, a_sec, b_tok, b_sec = _paired(lambda _: states(), lambda _: plain(), range(rounds))
     result = _ratio(b_tok, b_sec, a_tok, a_sec)  # seconds of a over seconds of b: the inverse of tokens/s
     result["layers"] = list(layers)
     log(f"EAGLE-3 target forward / plain, {k + 1} rows at {context}: {result['ratio']:.3f} {result['interval']}")
@@ -151,8 +151,7 @@ def batch_rows(target, k, context, rounds, log) -> dict:
 
     out = {}
     for B in BATCHES[1:]:
-        a_tok, a_sec, b_tok, b_sec = _paired(f"B={B}", lambda _: forward(B), "B=1", lambda _: forward(1),
-                                             range(rounds), log)
+        a_tok, a_sec, b_tok, b_sec = _paired(lambda _: forward(B), lambda _: forward(1), range(rounds))
         r = _ratio(b_tok, b_sec, a_tok, a_sec)
         out[str(B)] = {"rows": B * (k + 1), "seconds_over_batch_1": r["ratio"], "interval": r["interval"],
                        "batch_1_ms": round(1e3 * sorted(b_sec)[len(b_sec) // 2], 2),
