@@ -273,7 +273,7 @@ def main(argv=None):
         elif args.cmd == "bench":
             check_sources(args)
         elif args.cmd == "serve":
-            check_serve_args(args)
+            check_serve_args(args, ServeBenchConfig())
             check_sources(args)
             cpu_warnings(args)
             set_threads(args)

@@ -341,6 +341,7 @@ def test_a_long_prompt_past_the_drafts_positions_is_refused_before_the_models_lo
     ("generate", ("--prompt", PROMPT, "--prompt-file", "x"), ("--prompt-file", "not allowed with", "--prompt")),
     ("serve", ("--k", "-1"), ("--k", "-1", "[0, 16]", "serve --help")),
     ("serve", ("--threads", "0"), ("--threads", "0", ">= 1")),
+    ("serve", ("--max-seq-len", "64"), ("--k goodput", "--max-seq-len >= 89", "an int --k")),
     ("bench", ("--no-such-option",), ("unrecognized arguments: --no-such-option", "bench --help")),
 ])
 def test_every_subcommands_bad_option_is_one_line_naming_it_and_the_smallest_limit_comes_first(cmd, args, words):

@@ -123,3 +123,24 @@ def test_a_noisy_cost_that_says_more_tokens_are_cheaper_is_not_believed():
     costs[(8, 3)] = 0.5  # a lucky measurement
     policy = GoodputPolicy(costs, k_max=4, alpha=0.4)
     assert policy.cost(8, 3) == pytest.approx(2.0) and policy.cost(8, 4) == pytest.approx(3.0)
+
+
+def test_serves_default_policy_is_goodput_measured_on_the_servers_own_engine():
+    """`serve` with no --k: the goodput policy, its step costs measured on the server's own paged pool at
+    1, 2, 4 and max_batch rows for K = 0..4, every block given back before the first request."""
+    from specdec_lab.bench.serve import ServeBenchConfig
+    from specdec_lab.cli import build_parser
+    from specdec_lab.service.cli import cost_batch_sizes, k_policy
+    assert build_parser().parse_args(["serve"]).k == "goodput"
+    assert cost_batch_sizes(8) == (1, 2, 4, 8) and cost_batch_sizes(1) == (1,) and cost_batch_sizes(64) == (1, 2, 4, 8, 16)
+    target, draft = sl.tiny_model(0), sl.tiny_model(1, n_layers=1)
+    server = Server(target, draft, max_batch=8, block_size=4, max_seq_len=160, k=0)
+    said = []
+    policy = k_policy("goodput", server, ServeBenchConfig(), said.append)
+    assert isinstance(policy, GoodputPolicy) and policy.k_max == 4
+    assert set(policy.costs) == {(b, k) for b in (1, 2, 4, 8) for k in range(5)}
+    assert server.engine.target_kv.free_blocks == server.engine.target_kv.num_blocks, "the measurement's rows left"
+    assert "measuring step costs" in said[0] and "measured in" in said[1]
+    server.k = policy
+    h = server.submit([4, 5, 6], max_new_tokens=12)
+    assert h.result().tokens == sl.autoregressive_generate(target, [4, 5, 6], max_new_tokens=12).tokens

@@ -135,6 +135,11 @@ class GoodputPolicy:
                 self.rejected += r.num_accepted < r.k
 
 
+def step_cost_budget(ks, reps) -> int:
+    """New tokens a row of measure_step_costs may commit: every K once per round, warm-up included."""
+    return (reps + 1) * len(ks) * (max(ks) + 1) + 1
+
+
 @torch.inference_mode()
 def measure_step_costs(engine, batch_sizes, ks, context=64, reps=3, seed=0) -> dict:
     """{(B, K): seconds}: the fastest of `reps` batched steps of B greedy rows of about `context`
@@ -144,8 +149,8 @@ def measure_step_costs(engine, batch_sizes, ks, context=64, reps=3, seed=0) -> d
     g = torch.Generator().manual_seed(seed)
     V = engine.target.cfg.vocab_size
     out = {}
+    budget = step_cost_budget(ks, reps)
     for B in batch_sizes:
-        budget = (reps + 1) * len(ks) * (MAX_K + 1) + 1
         seqs = [make_sequence(torch.randint(0, V, (context,), generator=g).tolist(), budget, device=engine.device)
                 for _ in range(B)]
         engine.prefill(seqs)
