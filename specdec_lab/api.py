@@ -17,6 +17,7 @@ import copy
 import torch
 
 from .compiled import compiled_twin
+from .core.config import MAX_K
 from .core.engine import Engine, autoregressive_generate  # noqa: F401 (re-exported)
 from .core.model import Transformer
 from .cpu import SelfDraft, SelfDrafter, accelerated, fast_modules
@@ -29,6 +30,7 @@ from .io.assets import ensure_default_target
 from .io.pair import (ModelPair, _CACHE, check_device, check_source, default_draft_dir, load_model_cached,
                       vocab_subset)
 from .paged import PagedSequenceCache
+from .policies.adaptive import AUTO_K_MAX, auto_controller
 from .verification import verify_block, verify_block_reference, verify_match, verify_match_reference
 
 CACHES = ("contiguous", "paged")
@@ -100,7 +102,10 @@ def make_drafter(target, draft, capacity, factory=None, target_cache=None):
 class SpeculativeEngine(Engine):
     """Speculative decoding with a draft model (arXiv 2211.17192, 2302.01318).
 
-    engine = SpeculativeEngine(target, draft, k=4); engine.generate(prompt, ...)
+    engine = SpeculativeEngine(target, draft); engine.generate(prompt, ...)
+    `k`: "auto" (the default) chooses K from 0 (plain decoding) to 4 each step from the acceptance so
+    far (policies.auto_controller: it stops drafting where drafts are not accepted, and probes to come
+    back); an int drafts that K every step, as does `generate(..., k=K)`.
     `draft`: see make_drafter. `cache="paged"` keeps the target's and the draft's keys and values
     in blocks of `block_size` (paged/). The loop itself is core/engine.py's Engine. `verifier`:
     "device" (token by token, arXiv 2211.17192), "block" (arXiv 2403.10444) or "match" (exact
@@ -111,9 +116,11 @@ class SpeculativeEngine(Engine):
     (docs/design.md, "Verification rules"; the bug is the soft q, pitfalls.GreedyDraftSampledQ).
     """
 
-    def __init__(self, target, draft, k=4, max_seq_len=2048, cache="contiguous", block_size=16,
+    def __init__(self, target, draft, k="auto", max_seq_len=2048, cache="contiguous", block_size=16,
                  verifier="device", tokenizer=None, propose="sample"):
         verifier = verifier_rule(verifier)
+        if k != "auto" and (isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_K):
+            raise ValueError(f"k must be 'auto' or an int in [1, {MAX_K}], got {k!r}")
         if propose not in PROPOSALS:
             raise ValueError(f"propose must be one of {', '.join(map(repr, PROPOSALS))}, got {propose!r}")
         if isinstance(max_seq_len, bool) or not isinstance(max_seq_len, int) or max_seq_len < 2:
@@ -133,8 +140,10 @@ class SpeculativeEngine(Engine):
         drafter = make_drafter(target, draft, capacity, factory, target_cache)
         if callable(getattr(drafter, "fit", None)) and (drafter.max_seq_len or capacity) < capacity:
             drafter.fit(capacity)  # a drafter built before its engine (LookupThenModelDrafter) takes the engine's size
-        super().__init__(target, drafter, k=k, cache=target_cache, verifier=verifier, tokenizer=tokenizer,
-                         propose=propose)
+        controller = auto_controller(target, draft) if k == "auto" else None
+        super().__init__(target, drafter, k=AUTO_K_MAX if k == "auto" else k, cache=target_cache, verifier=verifier,
+                         tokenizer=tokenizer, propose=propose)
+        self.controller = controller  # generate(k=...) drafts that K instead
         self.cache_kind, self.block_size = cache, block_size
 
 

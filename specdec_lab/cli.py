@@ -31,6 +31,17 @@ def _temperatures(text):
     return temps
 
 
+def _generate_k(text):
+    """generate --k: auto, or an int (its range is checked with the other options, naming the limit)."""
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--k must be auto or an int (0: plain autoregressive decoding), "
+                                         f"got {text!r}") from None
+
+
 def add_threads_argument(p):
     p.add_argument("--threads", type=int, help="torch threads (default: OMP_NUM_THREADS where it is set, else "
                    "torch's own choice, one per core)")
@@ -127,7 +138,7 @@ def add_bench_parser(sub, common):
 
 
 def add_generate_parser(sub, common):
-    g = sub.add_parser("generate", parents=[common], help="generate text: speculative decoding at --k with the "
+    g = sub.add_parser("generate", parents=[common], help="generate text: speculative decoding with the "
                        "shipped draft by default, the autoregressive baseline with --k 0")
     source = g.add_mutually_exclusive_group(required=True)
     source.add_argument("--prompt", help="the user turn, which the chat template wraps (required: this or "
@@ -137,8 +148,9 @@ def add_generate_parser(sub, common):
     g.add_argument("--system", help="the system turn before the prompt (default: the chat template's own)")
     g.add_argument("--raw", action="store_true", help="tokenize the prompt as it is, without the chat template "
                    "(default: off)")
-    g.add_argument("--k", type=int, default=4, help="draft length; 0 = plain autoregressive decoding "
-                   "(default %(default)s)")
+    g.add_argument("--k", type=_generate_k, default="auto", help="draft length: auto (K from 0 to 4 each step, "
+                   "by the acceptance so far: drafting stops where drafts are not accepted), an int, or 0 for "
+                   "plain autoregressive decoding (default %(default)s)")
     g.add_argument("--max-new-tokens", type=int, default=128, help="new tokens at most (default %(default)s)")
     g.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default %(default)s)")
     g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling's mass, in (0, 1] (default %(default)s)")

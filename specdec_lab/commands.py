@@ -72,7 +72,7 @@ def _drafter_kind(args) -> str:
 
 
 def _uses_draft_model(args) -> bool:
-    return args.k > 0 and _drafter_kind(args) in ("draft", "lookup")
+    return args.k != 0 and _drafter_kind(args) in ("draft", "lookup")
 
 
 def _engine(args, pair):
@@ -152,7 +152,8 @@ def check_generate_options(args):
                          f"no --target")
     if args.drafter == "self":
         args.self_draft = True
-    _in("--k", args.k, 0, MAX_K, f"an int in [0, {MAX_K}] (0: plain autoregressive decoding)")
+    if args.k != "auto":
+        _in("--k", args.k, 0, MAX_K, f"auto or an int in [0, {MAX_K}] (0: plain autoregressive decoding)")
     _in("--max-new-tokens", args.max_new_tokens, 1, math.inf, "an int >= 1")
     if not (math.isfinite(args.temperature) and (args.temperature == 0 or args.temperature >= MIN_TEMPERATURE)):
         raise ValueError(f"--temperature must be 0 (greedy) or a finite number >= {MIN_TEMPERATURE}, "
@@ -165,8 +166,8 @@ def check_generate_options(args):
         raise ValueError("--compile and --self-draft cannot be combined: the self-draft runs the CPU kernels")
     if args.compile and args.drafter not in ("draft", "self"):
         raise ValueError(f"--compile compiles a draft model; it cannot be combined with --drafter {args.drafter}")
-    if args.compare and args.k < 1:
-        raise ValueError(f"--compare needs a draft length --k >= 1, got {args.k}")
+    if args.compare and args.k == 0:
+        raise ValueError("--compare needs a draft length --k >= 1 or auto, got 0")
     if args.k == 0 and (args.self_draft or args.draft or args.drafter != "draft"):
         raise ValueError("--k 0 is plain autoregressive decoding: it takes no --draft, --drafter or --self-draft")
     check_sources(args)
@@ -207,7 +208,7 @@ def _check_prompt_fits(args, target):
     if folder is None or not (folder / "tokenizer_config.json").is_file():
         return  # a hub id or a .gguf: the engine checks the same after loading
     n = len(_prompt_ids(args, load_tokenizer(folder)))
-    ahead = MAX_K + 1 if args.k > 0 else 0
+    ahead = MAX_K + 1 if args.k != 0 else 0
     need = n + args.max_new_tokens + ahead
     if need > args.max_seq_len:
         step = (f" + {ahead} (the positions one speculative step may write past the text: up to {MAX_K} drafts and "
@@ -257,7 +258,7 @@ def _prompt_ids(args, tokenizer):
 def _generator(args):
     """A function (max_new_tokens) -> GenerationResult for --k: the engine, or the baseline at --k 0."""
     kw = dict(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed)
-    if args.k > 0:
+    if args.k != 0:
         pair = _pair(args)
         engine, ids = _engine(args, pair), _prompt_ids(args, pair.target.tokenizer)
         return lambda n: engine.generate(ids, max_new_tokens=n, **kw)
@@ -270,6 +271,14 @@ def _generator(args):
     return lambda n: autoregressive_generate(target, ids, max_new_tokens=n, max_seq_len=args.max_seq_len, **kw)
 
 
+def k_label(k, res) -> str:
+    """--k as run: the int, or auto with the K it chose (each step's drafts, from the records)."""
+    if k != "auto":
+        return str(k)
+    ks = [r.k for r in res.steps]
+    return f"auto (K {min(ks)} to {max(ks)}, mean {sum(ks) / len(ks):.1f})" if ks else "auto"
+
+
 def cmd_generate(args):
     if args.compare:
         return compare_generate(args)
@@ -279,7 +288,7 @@ def cmd_generate(args):
         run(min(8, args.max_new_tokens))
     res = run(args.max_new_tokens)
     s = res.stats
-    ttft = time_to_first_token(res, args.k > 0)
+    ttft = time_to_first_token(res, args.k != 0)
     if args.json:
         print(json.dumps({"text": res.text, "tokens": res.tokens, "stats": s.as_dict(), "k": args.k,
                           "prompt_tokens": len(res.prompt_ids), "time_to_first_token_seconds": ttft,
@@ -287,9 +296,9 @@ def cmd_generate(args):
         return
     print(res.text)
     spec = (f", {s.mean_tokens_per_step:.2f} tokens/step, accepted share {s.accepted_share:.2f}"
-            if args.k > 0 else "")
+            if args.k != 0 else "")
     timed = "after one untimed warm-up call" if not args.no_warmup else "the first call, one-time costs included"
-    print(f"\n[{s.new_tokens} tokens at K = {args.k}: decode {s.seconds:.2f} s, {s.tokens_per_second:.1f} tokens/s"
+    print(f"\n[{s.new_tokens} tokens at K = {k_label(args.k, res)}: decode {s.seconds:.2f} s, {s.tokens_per_second:.1f} tokens/s"
           f"{spec}; prefill {s.prefill_seconds:.2f} s ({len(res.prompt_ids)} prompt tokens), time to first token "
           f"{ttft:.2f} s; {s.syncs_per_step:.1f} host syncs/step; {timed}]", file=sys.stderr)
 
@@ -300,7 +309,7 @@ def compare_generate(args):
     engine, ids = _engine(args, pair), _prompt_ids(args, pair.target.tokenizer)
     kw = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
               seed=args.seed)
-    spec_name = f"speculative K={args.k}"
+    spec_name = f"speculative K={args.k}"  # auto: the engine's own choice each step
 
     def ar():
         return autoregressive_generate(pair.target, ids, max_seq_len=args.max_seq_len, **kw)

@@ -191,7 +191,7 @@ def test_threshold_controller_waits_for_warmup():
 
 
 @pytest.mark.parametrize("kwargs, name", [
-    (dict(k_min=0), "k_min"), (dict(k_min=4, k_max=3), "k_max"), (dict(k_max=17), "k_max"),
+    (dict(k_min=-1), "k_min"), (dict(k_min=4, k_max=3), "k_max"), (dict(k_max=17), "k_max"),
     (dict(k_start=9), "k_start"), (dict(warmup=-1), "warmup"), (dict(decay=0.0), "decay"),
     (dict(c=-1.0), "c must"),
 ])
@@ -229,3 +229,52 @@ def test_engine_drafts_the_k_the_controller_chose(make_controller):
     for chosen, r in zip(controller.history, res.steps):
         assert r.k == min(chosen, budget - 1), "the engine drafts the chosen K, clamped to the budget"
         budget -= len(r.committed)
+
+
+# ----------------------------------------------------------------------------- the default engine's K (issue 57)
+
+def test_the_cost_aware_controller_stops_drafting_and_probes_its_way_back():
+    from specdec_lab.policies.adaptive import CPU_VERIFY_COST
+    ctl = CostAwareController(k_min=0, k_max=4, k_start=2, c=0.03, verify_cost=CPU_VERIFY_COST, warmup=4,
+                              probe_every=8, carry=False)
+    ctl.reset()
+    while ctl.k != 0:  # drafts that are never accepted
+        ctl.update(rec(ctl.next_k(), 0))
+    assert ctl.history == [2] * 4 and ctl.alpha == 0, "after the warm-up no K pays at alpha 0: plain decoding"
+    plain = [ctl.next_k() for _ in range(16)]
+    assert plain == [0] * 7 + [1] + [0] * 7 + [1], "a one-token probe every 8th step while K is 0"
+    while ctl.k == 0:  # the probes are now all accepted
+        k = ctl.next_k()
+        ctl.update(rec(k, k))
+    assert ctl.k > 0 and len(ctl.history) < 16 + 8 * 40, "drafts that pay bring K back"
+
+
+@pytest.mark.parametrize("kwargs, name", [(dict(k_min=0, k_start=0), "k_start"), (dict(probe_every=0), "probe_every")])
+def test_a_controller_that_could_never_learn_is_refused(kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        CostAwareController(**kwargs)
+
+
+def test_the_default_engine_backs_off_where_drafts_fail_and_drafts_where_they_pass():
+    import specdec_lab as sl
+    from specdec_lab.policies.adaptive import auto_controller, weight_bytes
+    target = tiny_model(seed=0, eos_token_ids=())
+    stranger = tiny_model(seed=5, n_layers=1, eos_token_ids=())  # a draft that rarely agrees
+    bad = SpeculativeEngine(target, stranger, max_seq_len=256)
+    assert bad.controller is not None and bad.controller.k_max == 4, "k='auto' is the default"
+    res = bad.generate([1, 2, 3], max_new_tokens=120)
+    assert res.tokens == sl.autoregressive_generate(target, [1, 2, 3], max_new_tokens=120).tokens
+    ks = [r.k for r in res.steps]
+    assert ks[:2] == [2, 2] and ks[-20:].count(0) >= 18, ks
+    same = SpeculativeEngine(target, target, max_seq_len=256)
+    assert same.controller.fixed_c == 1.0, "the target as its own draft costs what the target does: c = 1"
+    same.controller.fixed_c = 0.05  # as if it were a twentieth of the target's bytes
+    good = same.generate([1, 2, 3], max_new_tokens=60)
+    assert min(r.k for r in good.steps[4:-1]) >= 3, "a draft that always agrees keeps drafting"
+    fixed = bad.generate([1, 2, 3], max_new_tokens=20, k=3)
+    assert all(r.k == 3 for r in fixed.steps[:10]), "a K given to generate overrides the default's choice"
+    twice = [bad.generate([4, 5], max_new_tokens=40, temperature=1.0, seed=7).tokens for _ in range(2)]
+    assert twice[0] == twice[1], "its choices depend on the tokens alone: a seeded call repeats"
+    assert auto_controller(target, stranger).fixed_c == weight_bytes(stranger) / weight_bytes(target)
+    with pytest.raises(ValueError, match="k must be 'auto' or an int"):
+        SpeculativeEngine(target, stranger, k="fast")

@@ -248,11 +248,11 @@ def test_generate_speculates_warms_up_and_reports_prefill_and_time_to_first_toke
     assert any(line.startswith("loading the default pair") for line in err), "no line before the load"
     assert any(line.startswith("warming up") for line in err), "the first call must not be the timed one"
     summary = err[-1]
-    for words in ("K = 4", "tokens/s", "prefill", "prompt tokens", "time to first token", "accepted share",
+    for words in ("K = auto (K ", "mean", "tokens/s", "prefill", "prompt tokens", "time to first token", "accepted share",
                   "after one untimed warm-up call"):
         assert words in summary, (words, summary)
     doc = json.loads(run_cli("generate", "--prompt", PROMPT, "--max-new-tokens", "16", "--json").stdout)
-    assert doc["k"] == 4 and doc["stats"]["drafted"] > 0 and doc["warmed_up"], "generate speculates by default"
+    assert doc["k"] == "auto" and doc["stats"]["drafted"] > 0 and doc["warmed_up"], "generate speculates by default"
     assert doc["tokens"] == sl.autoregressive_generate(default_target, PROMPT, max_new_tokens=16).tokens
     assert doc["time_to_first_token_seconds"] >= doc["stats"]["prefill_seconds"] > 0
 
@@ -337,6 +337,7 @@ def test_a_long_prompt_past_the_drafts_positions_is_refused_before_the_models_lo
     ("generate", ("--prompt", PROMPT, "--raw", "--system", "Be brief."), ("--raw", "no --system")),
     ("generate", ("--prompt", PROMPT, "--top-k", "-1"), ("--top-k", "-1", ">= 0")),
     ("generate", ("--prompt", PROMPT, "--threads", "0"), ("--threads", "0", ">= 1")),
+    ("generate", ("--prompt", PROMPT, "--k", "fast"), ("--k must be auto or an int", "'fast'")),
     ("generate", ("--prompt-file", "/no/such/prompt.txt"), ("--prompt-file /no/such/prompt.txt", "no such file")),
     ("generate", ("--prompt", PROMPT, "--prompt-file", "x"), ("--prompt-file", "not allowed with", "--prompt")),
     ("serve", ("--k", "-1"), ("--k", "-1", "[0, 16]", "serve --help")),

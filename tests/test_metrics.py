@@ -192,7 +192,9 @@ def test_http_scrape_equals_the_engines_run_stats(temperature):
 def test_metrics_server_stops_serving_after_shutdown():
     exporter = PrometheusExporter()
     with serve_metrics(exporter.registry, port=0) as server:
-        assert "specdec_steps_total" in scrape(server.url)
+        text = scrape(server.url)
+        assert "specdec_steps_total" in text and "_created" not in text, "no _created series beside each counter"
+    assert "specdec_steps_total" in exporter.exposition() and "_created" not in exporter.exposition()
     with pytest.raises(OSError):
         scrape(server.url)
 

@@ -393,6 +393,7 @@ def test_vllms_metric_names_are_exposed(tiny):
                  "vllm:inter_token_latency_seconds_bucket", "vllm:e2e_request_latency_seconds_bucket",
                  "vllm:num_requests_running", "vllm:num_requests_waiting"):
         assert want in names, want
+    assert not [n for n in names if n.endswith("_created")], "no _created series beside each counter, as vLLM"
     m = tiny.metrics()
     assert m[("vllm:spec_decode_num_draft_tokens_total", ())] >= m[("vllm:spec_decode_num_accepted_tokens_total", ())]
     per_pos = sum(v for (n, _), v in m.items() if n == "vllm:spec_decode_num_accepted_tokens_per_pos_total")

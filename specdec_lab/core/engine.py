@@ -158,7 +158,8 @@ class Engine:
         check_seed(seed)
         check_capacity(len(ids), max_new_tokens, MAX_K + 1, self.limits)
         check_token_ids(ids, self.target.cfg.vocab_size)
-        sampling, k = SamplingConfig(temperature, top_k, top_p), k or self.k
+        sampling = SamplingConfig(temperature, top_k, top_p)
+        controller, k = (self.controller, self.k) if k is None else (None, k)  # a K given here is kept
         device, eos = self.target.device, self.target.cfg.eos_token_ids
         g = make_generator(seed, device)
         stats, steps, out = RunStats(), [], []
@@ -175,12 +176,12 @@ class Engine:
         self.drafter.prefill(ids, hidden)
         stats.prefill_seconds = time.perf_counter() - t0
 
-        if self.controller is not None:
-            self.controller.reset()  # estimates describe one generation, not the engine's lifetime
+        if controller is not None:
+            controller.reset()  # estimates describe one generation, not the engine's lifetime
         c = prompt[-1:]  # (1,) on the device: each step's c is the last one's next token, never copied back
         t_start = time.perf_counter()
         while len(out) < max_new_tokens:
-            k_step = self.controller.next_k() if self.controller is not None else k
+            k_step = controller.next_k() if controller is not None else k
             if not getattr(self.target, "fixed_shapes", False):  # never draft past the budget ...
                 k_step = min(k_step, max_new_tokens - len(out) - 1)
             # ... except where every forward keeps one shape: a smaller K would be one more graph to
@@ -190,8 +191,8 @@ class Engine:
             out += rec.committed
             steps.append(rec)
             stats.add_step(rec, len(rec.committed))
-            if self.controller is not None:
-                self.controller.update(rec)
+            if controller is not None:
+                controller.update(rec)
             if on_step is not None:
                 on_step(rec, out)
             if rec.committed[-1] in eos:

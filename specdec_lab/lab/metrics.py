@@ -9,8 +9,9 @@ The exporter plugs into the engine's streaming hook:
 
 Metric names, help texts and their vLLM counterparts: docs/metrics.md.
 """
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from ..analysis.exposition import WithoutCreated, exposition
 from ..analysis.moving import MovingRatio
 from ..core.records import StepRecord
 
@@ -80,7 +81,7 @@ class PrometheusExporter:
 
     def exposition(self) -> str:
         """The metrics in Prometheus' text format, as a scrape would return them."""
-        return generate_latest(self.registry).decode()
+        return exposition(self.registry).decode()  # without the _created series
 
 
 class MetricsServer:
@@ -121,7 +122,7 @@ def serve_metrics(exporter_or_registry, port: int, host: str = "127.0.0.1") -> M
     if not hasattr(registry, "collect"):
         raise ValueError(f"exporter_or_registry must be a PrometheusExporter or a CollectorRegistry, "
                          f"got {type(exporter_or_registry).__name__}")
-    server, thread = start_http_server(port, addr=host, registry=registry)
+    server, thread = start_http_server(port, addr=host, registry=WithoutCreated(registry))
     return MetricsServer(server, thread, host)
 
 

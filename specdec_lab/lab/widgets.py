@@ -323,7 +323,8 @@ class DemoPanel:
         engine.controller = CostAwareController(k_max=self.k.value, k_start=min(4, self.k.value)) \
             if self.drafter.value == "adaptive" else None
         self._reset_view(pair.tokenizer)
-        res = engine.generate(self.prompt.value, k=self.k.value, on_step=self._on_step, **self._settings())
+        k = None if engine.controller is not None else self.k.value  # a K passed to generate overrides a controller
+        res = engine.generate(self.prompt.value, k=k, on_step=self._on_step, **self._settings())
         self._redraw("done" if not self.baseline.value else "baseline")
         self.result, self.baseline_result = res, None
         if self.baseline.value:

@@ -20,6 +20,8 @@ expected speedup of Leviathan et al. (arXiv 2211.17192, Theorem 3.8):
 """
 import math
 
+import torch
+
 from ..analysis.moving import MovingRatio
 from ..analysis.roofline import _check_int, expected_speedup, expected_tokens_per_step, optimal_k  # noqa: F401
 from ..core.config import MAX_K
@@ -28,9 +30,10 @@ from ..core.records import StepRecord
 
 class _Controller:
     """What both controllers share: the K range, the warmup and the history of choices."""
+    K_FLOOR = 1  # the smallest k_min a controller takes
 
     def __init__(self, k_min, k_max, k_start, warmup):
-        _check_int("k_min", k_min, 1, MAX_K)
+        _check_int("k_min", k_min, self.K_FLOOR, MAX_K)
         _check_int("k_max", k_max, k_min, MAX_K)
         _check_int("k_start", k_start, k_min, k_max)
         _check_int("warmup", warmup, 0)
@@ -100,9 +103,14 @@ class CostAwareController(_Controller):
     device sync misplace the time).
     The first `warmup` drafting steps run at k_start; see reset() for what carries over
     from one request to the next.
+    k_min = 0 lets it stop drafting (plain decoding) where no K is expected to pay. A step
+    without drafts tells nothing about alpha, so while K is 0 every `probe_every`-th step
+    drafts one token, a probe: the estimate moves, and K comes back once drafts pay again.
     """
+    K_FLOOR = 0
 
-    def __init__(self, k_min=1, k_max=8, k_start=4, decay=0.95, warmup=4, c=None, verify_cost=None, carry=True):
+    def __init__(self, k_min=1, k_max=8, k_start=4, decay=0.95, warmup=4, c=None, verify_cost=None, carry=True,
+                 probe_every=16):
         if c is not None and (isinstance(c, bool) or not isinstance(c, (int, float)) or not c >= 0 or math.isinf(c)):
             raise ValueError(f"c must be None (measure it) or a finite number >= 0, got {c!r}")
         if verify_cost is not None and not all(v > 0 for v in dict(verify_cost).values()):
@@ -110,7 +118,11 @@ class CostAwareController(_Controller):
         # verify_cost[K]: a (K+1)-token target forward over a one-token one (train.acceptance.measure_verify_cost).
         # The theorem takes it as 1; on a CPU it is more, and it rises as the one-token forward it is
         # measured against gets faster (docs/benchmarks.md has the measured values).
+        _check_int("probe_every", probe_every, 1)
+        if k_start == 0:
+            raise ValueError("k_start must be >= 1: a controller that starts without drafting learns nothing")
         self.decay, self.fixed_c, self.verify_cost, self.carry = decay, c, dict(verify_cost or {}), carry
+        self.probe_every = probe_every
         self._alpha = None
         super().__init__(k_min, k_max, k_start, warmup)
 
@@ -124,9 +136,20 @@ class CostAwareController(_Controller):
             self.history = []
             return
         super().reset()
+        self._plain_steps = 0  # steps in a row at K = 0, since the last probe
         self._alpha = MovingRatio(self.decay)  # accepted / trials
         self._draft_per_token = MovingRatio(self.decay)  # draft seconds / drafted tokens
         self._target_per_step = MovingRatio(self.decay)  # target seconds / steps
+
+    def next_k(self) -> int:
+        if self.k > 0:
+            return super().next_k()
+        self._plain_steps += 1
+        probe = self._plain_steps >= self.probe_every
+        if probe:
+            self._plain_steps = 0
+        self.history.append(1 if probe else 0)
+        return self.history[-1]
 
     @property
     def alpha(self) -> float | None:
@@ -151,3 +174,32 @@ class CostAwareController(_Controller):
         self.observed += 1
         if self.observed >= self.warmup and self.alpha is not None and self.c is not None:
             self.k = optimal_k(self.alpha, self.c, self.k_min, self.k_max, self.verify_cost)
+
+
+# SpeculativeEngine's default (k="auto"): a (K+1)-row verification's cost over a one-row forward on a
+# CPU, from the machine profile of a 2-core server (docs/benchmarks.md, section 30: the default target's
+# fast path, one thread); on a GPU a few rows cost what one does, the theorem's 1.
+CPU_VERIFY_COST = {1: 1.07, 2: 1.131, 3: 1.383, 4: 1.669, 5: 1.941, 6: 2.289, 7: 2.637, 8: 2.989}  # 7: interpolated
+AUTO_K_MAX = 4
+
+
+def weight_bytes(model) -> int:
+    """Bytes of a module's parameters and buffers (0 for a drafter without weights: n-grams, lookup)."""
+    model = getattr(model, "model", model)  # a drafter that wraps its model
+    if not isinstance(model, torch.nn.Module):
+        return 0
+    return sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
+
+
+def auto_controller(target, draft, k_max=AUTO_K_MAX) -> CostAwareController:
+    """The default engine's K: the cost-aware controller from K = 0 (plain decoding) to `k_max`, with
+    costs fixed in advance so that a seeded run repeats: c, a drafted token over a target token, as the
+    ratio of the two models' weight bytes (a forward this small is bound by reading its weights), and
+    verification's cost by rows from CPU_VERIFY_COST (1 on a GPU). Only alpha is estimated, from the
+    verdicts, so the choices depend on the tokens alone."""
+    _check_int("k_max", k_max, 1, max(CPU_VERIFY_COST))
+    c = weight_bytes(draft) / max(weight_bytes(target), 1)
+    on_gpu = getattr(target, "device", torch.device("cpu")).type != "cpu"
+    verify_cost = {k: 1.0 if on_gpu else CPU_VERIFY_COST[k] for k in range(1, k_max + 1)}
+    return CostAwareController(k_min=0, k_max=k_max, k_start=min(2, k_max), c=c, verify_cost=verify_cost,
+                               carry=False)  # each generate starts afresh: a seeded call repeats

@@ -7,8 +7,10 @@ vLLM's labels, `model_name` and `engine`. docs/metrics.md lists them.
 """
 import time
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client import CONTENT_TYPE_LATEST  # noqa: F401  the scrape's media type, for app.py
+
+from ..analysis.exposition import exposition
 
 # vLLM's own buckets for these histograms, so their quantiles compare bucket for bucket.
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
@@ -92,7 +94,7 @@ class ServiceMetrics:
             self.ttft.observe(handle.first_token_time - handle.submit_time)
 
     def exposition(self) -> bytes:
-        return generate_latest(self.registry)
+        return exposition(self.registry)  # without the _created series
 
 
 def _chain(first, then):
