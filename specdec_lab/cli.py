@@ -162,10 +162,11 @@ def add_generate_parser(sub, common):
                    "models' own limit (default %(default)s)")
     g.add_argument("--target", help="hub id, folder or .gguf (default: SmolLM2-135M-Instruct)")
     g.add_argument("--draft", help="hub id or folder of the draft (default: the shipped draft, also with --target)")
-    g.add_argument("--drafter", choices=["draft", "lookup", "ngram", "feature", "eagle3", "self"], default="draft",
-                   help="what drafts: draft (the draft model), lookup (prompt lookup, else the draft model), ngram "
-                        "(prompt lookup alone, no model), feature or eagle3 (the shipped EAGLE-style drafts, for the "
-                        "default target), self (as --self-draft); default %(default)s")
+    g.add_argument("--drafter", choices=["draft", "lookup", "ngram", "feature", "eagle3", "self", "tree"],
+                   default="draft", help="what drafts: draft (the draft model), lookup (prompt lookup, else the draft "
+                   "model), ngram (prompt lookup alone, no model), feature or eagle3 (the shipped EAGLE-style drafts, "
+                   "for the default target), self (as --self-draft), tree (the draft model's candidates as a token "
+                   "tree of shape (2, 1)); default %(default)s")
     g.add_argument("--self-draft", action="store_true",
                    help="draft with the target's own weights read in 4 bits, or int8 where the kernels cannot "
                         "(cpu/self_draft.py), instead of the draft")

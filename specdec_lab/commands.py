@@ -14,6 +14,7 @@ from .api import (LookupThenModelDrafter, SpeculativeEngine, autoregressive_gene
 from .core.config import MAX_K
 from .cpu import SelfDraft, best_weights
 from .drafters import NGramDrafter
+from .tree.engine import TreeEngine
 from .core.sampling import MIN_TEMPERATURE
 from .io.assets import cached_default_target, ensure_default_target
 from .io.pair import check_device_available, check_loadable, default_draft_dir, load_model_cached
@@ -64,7 +65,10 @@ DRAFTERS = {"draft": "the draft model (the shipped draft, or --draft)",
             "ngram": "prompt lookup alone: n-grams of the context, no model",
             "feature": "the shipped EAGLE-style feature draft (reads the target's last hidden state)",
             "eagle3": "the shipped EAGLE-3-style draft (reads three of the target's layers)",
-            "self": "the target's own weights in 4 bits (int8 where the kernels cannot); --self-draft"}
+            "self": "the target's own weights in 4 bits (int8 where the kernels cannot); --self-draft",
+            "tree": "a token tree of the draft model's candidates, shape (2, 1): two at the first position, one after "
+                    "each (what tree='auto' picks on a 2-core CPU, docs/benchmarks.md section 23)"}
+CLI_TREE = (2, 1)
 
 
 def _drafter_kind(args) -> str:
@@ -72,7 +76,7 @@ def _drafter_kind(args) -> str:
 
 
 def _uses_draft_model(args) -> bool:
-    return args.k != 0 and _drafter_kind(args) in ("draft", "lookup")
+    return args.k != 0 and _drafter_kind(args) in ("draft", "lookup", "tree")
 
 
 def _engine(args, pair):
@@ -85,6 +89,8 @@ def _engine(args, pair):
     _check_max_seq_len(args, pair.target, *([pair.draft] if _uses_draft_model(args) else []))
     if kind != "draft":
         _say(f"drafting with {DRAFTERS[kind]} ...")
+    if kind == "tree":
+        return TreeEngine(pair.target, pair.draft, tree=CLI_TREE, max_seq_len=args.max_seq_len)
     return SpeculativeEngine(pair.target, make[kind](), k=args.k, max_seq_len=args.max_seq_len)
 
 
@@ -168,6 +174,9 @@ def check_generate_options(args):
         raise ValueError(f"--compile compiles a draft model; it cannot be combined with --drafter {args.drafter}")
     if args.compare and args.k == 0:
         raise ValueError("--compare needs a draft length --k >= 1 or auto, got 0")
+    if args.drafter == "tree" and args.k != "auto":
+        raise ValueError(f"--drafter tree drafts the tree's shape {CLI_TREE}, not K tokens: it takes no --k "
+                         f"(got --k {args.k})")
     if args.k == 0 and (args.self_draft or args.draft or args.drafter != "draft"):
         raise ValueError("--k 0 is plain autoregressive decoding: it takes no --draft, --drafter or --self-draft")
     check_sources(args)
@@ -271,12 +280,15 @@ def _generator(args):
     return lambda n: autoregressive_generate(target, ids, max_new_tokens=n, max_seq_len=args.max_seq_len, **kw)
 
 
-def k_label(k, res) -> str:
-    """--k as run: the int, or auto with the K it chose (each step's drafts, from the records)."""
+def k_label(args, res) -> str:
+    """--k as run: the int, auto with the K it chose (each step's drafts, from the records), or the tree."""
+    k = args.k
+    if args.drafter == "tree":
+        return f"the tree {CLI_TREE}"
     if k != "auto":
-        return str(k)
+        return f"K = {k}"
     ks = [r.k for r in res.steps]
-    return f"auto (K {min(ks)} to {max(ks)}, mean {sum(ks) / len(ks):.1f})" if ks else "auto"
+    return f"K = auto (K {min(ks)} to {max(ks)}, mean {sum(ks) / len(ks):.1f})" if ks else "K = auto"
 
 
 def cmd_generate(args):
@@ -298,7 +310,7 @@ def cmd_generate(args):
     spec = (f", {s.mean_tokens_per_step:.2f} tokens/step, accepted share {s.accepted_share:.2f}"
             if args.k != 0 else "")
     timed = "after one untimed warm-up call" if not args.no_warmup else "the first call, one-time costs included"
-    print(f"\n[{s.new_tokens} tokens at K = {k_label(args.k, res)}: decode {s.seconds:.2f} s, {s.tokens_per_second:.1f} tokens/s"
+    print(f"\n[{s.new_tokens} tokens at {k_label(args, res)}: decode {s.seconds:.2f} s, {s.tokens_per_second:.1f} tokens/s"
           f"{spec}; prefill {s.prefill_seconds:.2f} s ({len(res.prompt_ids)} prompt tokens), time to first token "
           f"{ttft:.2f} s; {s.syncs_per_step:.1f} host syncs/step; {timed}]", file=sys.stderr)
 

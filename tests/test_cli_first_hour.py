@@ -436,17 +436,18 @@ def test_the_stored_thread_run_shows_the_default_never_collapses():
     (("--drafter", "ngram", "--draft", "x"), ("--draft", "not ngram")),
     (("--self-draft", "--drafter", "eagle3"), ("--self-draft", "--drafter eagle3")),
     (("--k", "0", "--drafter", "ngram"), ("--k 0", "--drafter")),
-    (("--drafter", "tree"), ("--drafter", "invalid choice: 'tree'")),
+    (("--drafter", "tree", "--k", "3"), ("--drafter tree", "(2, 1)", "no --k", "got --k 3")),
+    (("--drafter", "forest"), ("--drafter", "invalid choice: 'forest'")),
 ])
 def test_a_drafter_that_does_not_fit_the_other_options_is_one_line(args, words):
     assert_one_line_error(run_cli("generate", "--prompt", PROMPT, *args), *words)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["lookup", "ngram", "feature", "eagle3", "self"])
+@pytest.mark.parametrize("kind", ["lookup", "ngram", "feature", "eagle3", "self", "tree"])
 def test_every_drafter_the_command_line_offers_keeps_the_targets_greedy_output(kind):
     """generate --drafter: prompt lookup with and without the draft model, the shipped feature and EAGLE-3
-    drafts and the self-draft, each through the engine the command line builds."""
+    drafts, the self-draft and a token tree, each through the engine the command line builds."""
     from specdec_lab.commands import _engine, check_generate_options
     args = build_parser().parse_args(["generate", "--prompt", PROMPT, "--drafter", kind, "--max-new-tokens", "24"])
     check_generate_options(args)
