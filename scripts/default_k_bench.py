@@ -11,9 +11,13 @@ paragraph, ...), and one long prompt, a request to summarise about 1,800 tokens 
 benchmark and hand-written prompt, in order). Each call is timed whole, prefill included, the
 systems in an order rotated from round to round; a prompt's figure is each system's fastest round.
 A kind's ratio is its prompts' total tokens over total seconds, over autoregressive decoding's.
+First it measures what the default's fixed costs stand for (policies.adaptive.CPU_VERIFY_COST and c):
+the target's forward over T = 1..9 rows after a 200-token prefix, and the draft's one-row forward,
+each over the target's one-row forward (medians of 7 rounds).
 """
 import argparse
 import json
+import statistics
 import time
 from pathlib import Path
 
@@ -25,6 +29,28 @@ from specdec_lab.train.handwritten import HANDWRITTEN
 from specdec_lab.train.prompts import BENCH_PROMPTS
 
 SYSTEMS = ("autoregressive", "default", "K = 4")
+
+
+@torch.inference_mode()
+def forward_costs(target, draft, rows=(1, 2, 3, 4, 5, 6, 8, 9), prefix=200, rounds=7) -> dict:
+    """{"rows": {T: the target's forward over T rows / over one row}, "c": the draft's one-row forward /
+    the target's}, each after `prefix` positions, medians of `rounds`."""
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 1000, (1, prefix), generator=g)
+    seconds = {}
+    for model, name in ((target, "target"), (draft, "draft")):
+        cache = model.new_cache(prefix + 16)
+        for _ in range(rounds):
+            for t in (rows if name == "target" else (1,)):
+                cache.reset()
+                model(ids, cache=cache)
+                t0 = time.perf_counter()
+                model(torch.randint(0, 1000, (1, t), generator=g), cache=cache)
+                seconds.setdefault((name, t), []).append(time.perf_counter() - t0)
+    med = {key: statistics.median(v) for key, v in seconds.items()}
+    one = med[("target", 1)]
+    return {"rows": {t: med[("target", t)] / one for t in rows}, "c": med[("draft", 1)] / one,
+            "one_row_ms": one * 1e3}
 
 
 def long_prompt() -> str:
@@ -59,6 +85,9 @@ def main():
             return sl.autoregressive_generate(pair.target, ids, max_new_tokens=args.max_new_tokens)
         return engines[system].generate(ids, max_new_tokens=args.max_new_tokens)
 
+    costs = forward_costs(pair.target, pair.draft)
+    print("forward over T rows / one row: " + ", ".join(f"{t}: {x:.3f}" for t, x in costs["rows"].items())
+          + f"; the draft's one row / the target's: {costs['c']:.3f}", flush=True)
     work = [(kind, text, encode_prompt(tok, text)) for kind, text in prompts(args.per_kind)]
     for system in SYSTEMS:  # warm-up, untimed
         run(system, work[0][2])
@@ -97,7 +126,7 @@ def main():
            "command": f"OMP_NUM_THREADS=1 python scripts/default_k_bench.py --per-kind {args.per_kind} "
                       f"--rounds {args.rounds} --max-new-tokens {args.max_new_tokens}",
            "threads": 1, "max_new_tokens": args.max_new_tokens, "rounds": args.rounds,
-           "seconds": round(time.perf_counter() - t_start), "by_kind": by_kind, "prompts": rows,
+           "seconds": round(time.perf_counter() - t_start), "forward_costs": costs, "by_kind": by_kind, "prompts": rows,
            "all_same_as_autoregressive": all(r["same_as_autoregressive"] for r in rows)}
     Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
     print(f"\n{'kind':13s} default  K = 4  mean K")

@@ -177,9 +177,9 @@ class CostAwareController(_Controller):
 
 
 # SpeculativeEngine's default (k="auto"): a (K+1)-row verification's cost over a one-row forward on a
-# CPU, from the machine profile of a 2-core server (docs/benchmarks.md, section 30: the default target's
-# fast path, one thread); on a GPU a few rows cost what one does, the theorem's 1.
-CPU_VERIFY_COST = {1: 1.07, 2: 1.131, 3: 1.383, 4: 1.669, 5: 1.941, 6: 2.289, 7: 2.637, 8: 2.989}  # 7: interpolated
+# CPU, the default target's one-call forward after 200 positions, one thread, on the project's 2-core
+# AVX-512 machine (docs/benchmarks.md, section 38); on a GPU a few rows cost what one does, the theorem's 1.
+CPU_VERIFY_COST = {1: 1.0, 2: 1.016, 3: 1.076, 4: 1.167, 5: 1.265, 6: 1.29, 7: 1.313, 8: 1.529}  # 6: interpolated
 AUTO_K_MAX = 4
 
 
