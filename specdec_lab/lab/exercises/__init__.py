@@ -1,0 +1,75 @@
+"""Graded exercises: write a piece of speculative decoding, and hear which classic mistake it makes.
+
+    from specdec_lab.lab import exercises
+    exercises.names()                      # the exercises
+    exercises.check("verify", my_verify)   # a Report: passed, message, diagnosis (a green or red box)
+    exercises.solution("verify")           # the reference implementation
+
+Each check runs the learner's function on the library's real pieces and compares it with the
+reference. Where it fails, `diagnosis` names the known mistake whose behaviour it matches (the
+mistakes are the ones lab/pitfalls.py and docs/design.md list: each has a candidate function that
+makes it, and the one that reproduces the learner's answers is named), and the report's hint says
+what that mistake does. Checks are seeded, so the same function always gets the same report.
+
+  verify           fn(p, q, drafted, generator) -> (n, token)   token-by-token rule, checked by its law
+  verify_greedy    fn(target_logits, drafted) -> (n, token)      the greedy rule
+  rollback         fn(target_len, draft_len, k, n) -> (new_target_len, new_draft_len, draft_pending)
+  verify_mask      fn(prefix_len, k) -> (k + 1, prefix_len + k + 1) bool
+  tree_mask        fn(parents) -> (N, N) bool
+  expected_tokens  fn(alpha, k) -> float
+  speedup          fn(alpha, k, c, v) -> float
+  block_verify     fn(p, q, drafted, generator) -> (n, token)   block verification, checked by its law
+  step             fn(target, cache, drafter, c, k, sampling, generator) -> (committed, next_c)
+
+The modules: sampled.py (verify, block_verify, on laws.py's harness), positions.py (verify_greedy,
+rollback), masks.py, cost.py, step.py; report.py holds the report and the case-by-case grader.
+"""
+import torch
+
+from .cost import EXPECTED_TOKENS, SPEEDUP
+from .masks import TREE_MASK, VERIFY_MASK
+from .positions import ROLLBACK, VERIFY_GREEDY
+from .report import Failure, NotWritten, Report
+from .sampled import BLOCK_VERIFY, VERIFY
+from .step import STEP
+
+EXERCISES = {e.name: e for e in (VERIFY, VERIFY_GREEDY, ROLLBACK, VERIFY_MASK, TREE_MASK, EXPECTED_TOKENS,
+                                 SPEEDUP, BLOCK_VERIFY, STEP)}
+
+
+def names() -> list:
+    """The exercises, in the order the chapters meet them."""
+    return list(EXERCISES)
+
+
+def _exercise(name):
+    if name not in EXERCISES:
+        raise ValueError(f"no exercise named {name!r}; the exercises are {', '.join(map(repr, EXERCISES))}")
+    return EXERCISES[name]
+
+
+def solution(name):
+    """The reference implementation of exercise `name`, a function with the learner's signature."""
+    return _exercise(name).solution
+
+
+def check(name, fn) -> Report:
+    """Run the learner's `fn` through exercise `name`'s checks; a Report says how it went.
+    The global torch random state is saved and restored, and seeded inside, so a function that
+    draws without the generator it is given still gets the same report every time."""
+    exercise = _exercise(name)
+    if not callable(fn):
+        raise ValueError(f"check({name!r}, fn) needs a function as fn, got {type(fn).__name__}")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        try:
+            return Report(name, True, exercise.grade(fn))
+        except NotWritten:
+            return Report(name, False, f"You have not written {name} yet: your function raises "
+                                       f"NotImplementedError. Replace that line with your code and check again.")
+        except Failure as failure:
+            return Report(name, False, failure.message, failure.diagnosis,
+                          exercise.mistakes.get(failure.diagnosis, ""))
+
+
+__all__ = ["EXERCISES", "Report", "check", "names", "solution"]
