@@ -56,10 +56,12 @@ lab: setup
 # cells run in order in one kernel, and a module's tests share its module-scoped fixtures. The files
 # go out in tests/conftest.py's order, the longest first (--no-loadscope-reorder keeps it). One torch
 # thread per process: two workers fill the 2 cores (the browser test adds JupyterLab, a kernel and
-# Chromium), and oversubscribed OpenMP threads slow torch down many times over.
+# Chromium), and oversubscribed OpenMP threads slow torch down many times over. The chapters' graded
+# exercise cells grade the reference (specdec_lab.lab.exercises.yours), as their stored outputs do.
 test: setup peers
 	$(VENV)/bin/lint-imports
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder tests notebooks --nbval \
+	OMP_NUM_THREADS=1 SPECDEC_LAB_EXERCISES=reference $(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder \
+		tests notebooks --nbval \
 		--sanitize-with notebooks/sanitize.cfg
 
 demo: setup

@@ -139,7 +139,7 @@ def test_distill_never_writes_into_the_package_unless_told_to():
 
 def test_generate_speculates_by_default():
     g = build_parser().parse_args(["generate", "--prompt", "x"])
-    assert g.k == 4 and not g.self_draft
+    assert g.k == "auto" and not g.self_draft and g.drafter == "draft"
 
 
 def _tiny_target():

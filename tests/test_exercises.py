@@ -414,3 +414,19 @@ def test_the_rollback_solution_is_the_engines_arithmetic():
         t, d = target_len, draft_len
     assert seen == {(True, 1), (True, 2), (False, 1), (False, 2)}, "every kind of step was exercised"
     assert len(rollback_cases()) == 40
+
+
+def test_a_chapters_exercise_cell_grades_yours_unless_told_to_grade_the_reference(monkeypatch):
+    from specdec_lab.lab import exercises
+
+    def mine(alpha, k):
+        raise NotImplementedError
+    monkeypatch.delenv("SPECDEC_LAB_EXERCISES", raising=False)
+    assert exercises.yours("expected_tokens", mine) is mine, "a learner's kernel grades the learner's code"
+    assert not exercises.check("expected_tokens", exercises.yours("expected_tokens", mine)).passed
+    monkeypatch.setenv("SPECDEC_LAB_EXERCISES", "reference")
+    assert exercises.yours("expected_tokens", mine) is exercises.solution("expected_tokens")
+    assert exercises.check("expected_tokens", exercises.yours("expected_tokens", mine)).passed
+    monkeypatch.setenv("SPECDEC_LAB_EXERCISES", "mine")
+    with pytest.raises(ValueError, match="SPECDEC_LAB_EXERCISES must be yours or reference, got 'mine'"):
+        exercises.yours("expected_tokens", mine)

@@ -4,6 +4,7 @@
     exercises.names()                      # the exercises
     exercises.check("verify", my_verify)   # a Report: passed, message, diagnosis (a green or red box)
     exercises.solution("verify")           # the reference implementation
+    exercises.check("verify", exercises.yours("verify", my_verify))   # in a chapter: see yours()
 
 Each check runs the learner's function on the library's real pieces and compares it with the
 reference. Where it fails, `diagnosis` names the known mistake whose behaviour it matches (the
@@ -24,6 +25,8 @@ what that mistake does. Checks are seeded, so the same function always gets the 
 The modules: sampled.py (verify, block_verify, on laws.py's harness), positions.py (verify_greedy,
 rollback), masks.py, cost.py, step.py; report.py holds the report and the case-by-case grader.
 """
+import os
+
 import torch
 
 from .cost import EXPECTED_TOKENS, SPEEDUP
@@ -53,6 +56,19 @@ def solution(name):
     return _exercise(name).solution
 
 
+IMPLEMENTATION = "SPECDEC_LAB_EXERCISES"  # "reference": the chapters' exercise cells grade the reference
+
+
+def yours(name, fn):
+    """What a chapter's exercise cell grades: your `fn`, or the reference where the environment says
+    SPECDEC_LAB_EXERCISES=reference (`make test` sets it, so that the stored chapters show the check
+    passing; a learner's kernel does not, so the cell grades what the learner wrote)."""
+    choice = os.environ.get(IMPLEMENTATION, "yours")
+    if choice not in ("yours", "reference"):
+        raise ValueError(f"{IMPLEMENTATION} must be yours or reference, got {choice!r}")
+    return solution(name) if choice == "reference" else fn
+
+
 def check(name, fn) -> Report:
     """Run the learner's `fn` through exercise `name`'s checks; a Report says how it went.
     The global torch random state is saved and restored, and seeded inside, so a function that
@@ -72,4 +88,4 @@ def check(name, fn) -> Report:
                           exercise.mistakes.get(failure.diagnosis, ""))
 
 
-__all__ = ["EXERCISES", "Report", "check", "names", "solution"]
+__all__ = ["EXERCISES", "Report", "check", "names", "solution", "yours"]
