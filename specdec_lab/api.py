@@ -227,8 +227,10 @@ def load_pair(target, draft, device="cpu", dtype=None, accelerate=None, vocab_su
     if vocab_subset_head and vocab_subset(draft) is not None:
         d_key = d_key + ("vocab_subset",)
         if d_key not in _CACHE:
-            tok = getattr(d, "tokenizer", None)
-            _CACHE[d_key] = with_vocab_subset(copy.deepcopy(d, {id(tok): tok}), draft)  # the cached draft stays whole
+            # a twin whose head is replaced (the cached draft stays whole) and that shares every weight
+            twin = copy.copy(d)
+            twin._modules = dict(d._modules)
+            _CACHE[d_key] = with_vocab_subset(twin, draft)
         d = _CACHE[d_key]
     if d.cfg.vocab_size != t.cfg.vocab_size:
         raise ValueError(f"draft vocabulary ({d.cfg.vocab_size}) differs from the target's "

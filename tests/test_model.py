@@ -22,7 +22,7 @@ import transformers
 from specdec_lab.core.kv_cache import KVCache
 from specdec_lab.core.model import Linear, Transformer, apply_rope, init_weights
 from specdec_lab.cpu import accelerated
-from specdec_lab.cpu.linear import FastLinear
+from specdec_lab.cpu.linear import _PANELS, CAN_PACK_BF16, FastLinear
 from specdec_lab.core.text import encode_prompt
 from specdec_lab.io.weights import build_model, config_from_hf, from_hf_state_dict
 
@@ -273,21 +273,31 @@ def _tiny_cfg():
                        intermediate_size=192, max_seq_len=256)
 
 
-def test_fast_linear_packed_product_equals_the_plain_one_and_follows_weight_changes():
+def test_fast_linear_keeps_one_copy_of_a_float32_weight_and_follows_weight_changes():
+    """A few rows and many (a prefill) both go through the panel kernel: a float32 weight has one copy,
+    its panels, and no oneDNN packed copy beside them. bfloat16 goes through oneDNN's prepacked copy
+    where oneDNN packs it. Both follow in-place changes to W."""
     torch.manual_seed(0)
     lin = Linear(64, 96)
     torch.nn.init.normal_(lin.weight)
     fast = FastLinear(lin)
     assert fast.weight is lin.weight, "the fast twin must share the weight, not copy it"
-    x = torch.randn(3, 10, 64)  # 30 rows: more than the panel kernel takes, so oneDNN's packed product
     with torch.no_grad():
-        assert torch.allclose(fast(x), x @ lin.weight, atol=1e-5)
-        first = fast._packed
-        assert first is not None, "a multi-row product must go through the packed copy"
-        lin.weight.mul_(-1)  # an in-place change (an optimizer step, load_state_dict) must be seen
-        assert torch.allclose(fast(x), x @ lin.weight, atol=1e-5), "a stale packed copy was used"
-        assert fast._packed is not first
-        assert torch.equal(FastLinear(lin, packed=False)(x), x @ lin.weight), "packed=False runs the plain product"
+        for x in (torch.randn(3, 64), torch.randn(3, 10, 64)):  # 3 rows and 30
+            assert torch.allclose(fast(x), x @ lin.weight, atol=1e-4)
+            first = _PANELS[lin.weight][torch.float32]
+            lin.weight.mul_(-1)  # an in-place change (an optimizer step, load_state_dict) must be seen
+            assert torch.allclose(fast(x), x @ lin.weight, atol=1e-4), "a stale panel copy was used"
+            assert _PANELS[lin.weight][torch.float32] is not first
+        assert fast._packed is None, "a float32 weight got a second (oneDNN) copy"
+        if CAN_PACK_BF16:
+            half = FastLinear(Linear(64, 96).to(torch.bfloat16))
+            xb = torch.randn(30, 64, dtype=torch.bfloat16)
+            first = (half(xb), half._packed)
+            assert first[1] is not None, "bfloat16 goes through oneDNN's packed copy"
+            half.weight.mul_(-1)
+            assert torch.equal(half(xb), -first[0]) and half._packed is not first[1], "a stale packed copy was used"
+    x = torch.randn(3, 10, 64)
     y = fast(x).sum()  # grad enabled and W trainable: the plain product, which has a backward
     y.backward()
     assert lin.weight.grad is not None and torch.allclose(lin.weight.grad, x.reshape(-1, 64).sum(0)[:, None].expand(64, 96), atol=1e-4)
@@ -319,24 +329,49 @@ def test_bfloat16_linear_runs_whether_or_not_onednn_packs_bfloat16_here(rows):
 
 @pytest.mark.slow
 def test_loading_keeps_no_second_copy_of_any_weight(default_target_dir):
-    """The resident memory a load adds is about the weights' bytes. The safetensors reader hands out
-    views of the file mapped into memory; a layer norm's weight kept as such a view once kept the whole
-    file's pages resident beside the converted model: 2.1 times the weights' bytes (a new user measured
-    1.5 GB for the pair), 1.1 times without. Measured in a fresh process, after the tokenizer (and with it
-    transformers) has loaded, so that only the weights are counted."""
+    """The resident memory a load adds is about the weights' bytes, and so is its peak. Reading the
+    safetensors file through a memory map kept the whole file's pages resident while the model was
+    converted beside it: a peak of 1.8 times the weights' bytes (and, while a layer norm's weight was still
+    a view of the map, 2.1 times after the load). The reader now reads a tensor at a time into memory it
+    owns, and the allocator's freed buffers go back to the system. Measured in a fresh process, after the
+    tokenizer (and with it transformers) has loaded, so that only the weights are counted."""
     code = f"""
 import json
 from pathlib import Path
 from specdec_lab.io.weights import load_model, load_tokenizer
-def rss():
-    return next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmRSS"))
+def status(field):
+    return next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith(field))
 load_tokenizer({str(default_target_dir)!r})
-before = rss()
+before = status("VmRSS")
 model, _ = load_model({str(default_target_dir)!r})
-print(json.dumps([rss() - before, sum(p.numel() * p.element_size() for p in model.parameters())]))
+print(json.dumps([status("VmRSS") - before, status("VmHWM") - before,
+                  sum(p.numel() * p.element_size() for p in model.parameters())]))
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                          env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert out.returncode == 0, out.stderr[-2000:]
-    added, weights = json.loads(out.stdout.strip().splitlines()[-1])
-    assert added < 1.5 * weights, f"loading added {added / 1e6:.0f} MB resident for {weights / 1e6:.0f} MB of weights"
+    added, peak, weights = json.loads(out.stdout.strip().splitlines()[-1])
+    assert added < 1.06 * weights, f"loading added {added / 1e6:.0f} MB resident for {weights / 1e6:.0f} MB of weights"
+    assert peak < 1.25 * weights, f"loading peaked {peak / 1e6:.0f} MB above its start for {weights / 1e6:.0f} MB of weights"
+
+
+@pytest.mark.slow
+def test_the_default_pair_and_its_fast_path_hold_one_copy_of_each_weight(default_target_dir):
+    """The draft load_default_pair gives (its head restricted to the shipped vocabulary subset) and the
+    fast twins share every weight with the models loaded once per process: the twin that restricts the
+    head once was a deep copy, a second draft. And after an engine has answered (a prefill of more than
+    16 rows and decode), each float32 product of the target has one copy beside its weight, the panels:
+    no oneDNN packed copy for the prefill, as there was."""
+    from specdec_lab import SpeculativeEngine, load_default_pair
+    from specdec_lab.io.pair import default_draft_dir, load_model_cached
+    pair = load_default_pair()
+    whole_draft = load_model_cached(default_draft_dir())
+    for fast, base in ((pair.target, load_model_cached(default_target_dir)), (pair.draft, whole_draft)):
+        shared = {p.data_ptr() for p in base.parameters()}
+        own = [n for n, p in fast.named_parameters() if p.data_ptr() not in shared and not n.startswith("head.proj")]
+        assert not own, f"{own[:3]} are copies of the loaded weights"
+    prompt = "Summarise: " + "the river ran past the mill and the town " * 8
+    SpeculativeEngine(pair.target, pair.draft, k=2).generate(prompt, max_new_tokens=8)
+    linears = [m for m in pair.target.modules() if isinstance(m, FastLinear)]
+    assert linears and all(m._packed is None for m in linears), "a float32 weight got a oneDNN copy"
+    assert all(set(_PANELS.get(m.weight, {})) <= {torch.float32} for m in linears)

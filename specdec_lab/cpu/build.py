@@ -40,8 +40,10 @@ import torch
 from ..core.config import cache_dir
 
 SOURCE = Path(__file__).parent / "csrc" / "panel_matmul.cpp"
-# More rows (prefill) keep oneDNN's GEMM, as before this kernel. Both are compute-bound there;
-# over 16 to 64 rows of 576 x 3072, one thread, the panel kernel was 3-10% faster: a gain not taken.
+# The rows one call of the one-call forward (fused.FusedForward.__call__) and FastRMSNorm take. The
+# panel product takes any number: over 16 to 256 rows of the default target's products, one thread,
+# it kept pace with oneDNN's prepacked GEMM (docs/benchmarks.md, section 39), so a prefill's products
+# go through it too, and no second copy of W is packed for them.
 MAX_ROWS = 16
 
 

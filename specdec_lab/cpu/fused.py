@@ -380,7 +380,7 @@ class FusedRows:
         B, T = tokens.shape
         if hasattr(cache, "fused_layout"):  # several sequences, each over its own memory
             fits = (embeds is None and cache.kv.k.dtype == torch.float32 and sum(cache.real) <= FORWARD_MAX_ROWS
-                    and max(cache.real) <= kernels.MAX_ROWS)  # a prompt's many rows: oneDNN's products, eager
+                    and max(cache.real) <= kernels.MAX_ROWS)  # a prompt's many rows: eager (panel products)
             return "batch" if fits else None
         if B != 1 or not FusedForward.supports_cache(cache):
             return None

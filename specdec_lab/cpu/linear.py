@@ -1,12 +1,13 @@
 """Fast twins of core.model's Linear and RMSNorm for a CPU: the same interface and the same math.
 
-`FastLinear` runs products over a few float32 rows (decode's one, verification's K+1) through
-the project's panel kernel (build.py, csrc/panel_matmul.cpp), which reads a copy of W laid out
-as contiguous column panels; other products over several rows (prefill) and all bfloat16
-products go through a oneDNN copy of W prepacked once into its blocked layout, where torch has
-it. `FastRMSNorm` normalises a few rows in one call. Each copy of W is built on first use and
-rebuilt whenever W changes. Neither copy has a backward, so a weight being trained takes the
-plain product. What each bought, measured: docs/benchmarks.md.
+`FastLinear` runs float32 products through the project's panel kernel (build.py,
+csrc/panel_matmul.cpp), which reads a copy of W laid out as contiguous column panels: decode's one
+row, verification's K+1 and a prefill's chunks alike (over 16 to 256 rows it kept pace with
+oneDNN's prepacked product, whose own copy of W it so replaces: docs/benchmarks.md, section 39).
+bfloat16 products go through a oneDNN copy of W prepacked once into its blocked layout, where
+torch has it. `FastRMSNorm` normalises a few rows in one call. Each copy of W is built on first
+use and rebuilt whenever W changes; a float32 weight has one copy, the panels. Neither copy has a
+backward, so a weight being trained takes the plain product.
 """
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
@@ -44,11 +45,11 @@ def panel_weight(linear: Linear, dtype=torch.float32) -> torch.Tensor:
     return cached[1]
 
 
-def uses_kernels(x: torch.Tensor, w: torch.Tensor) -> bool:
-    """The panel kernel takes this call: float32 on the CPU, a few rows, nothing to differentiate,
-    a library that built, and threads it can use."""
+def uses_kernels(x: torch.Tensor, w: torch.Tensor, max_rows=kernels.MAX_ROWS) -> bool:
+    """The kernel library takes this call: float32 on the CPU, at most `max_rows` rows (None: any),
+    nothing to differentiate, a library that built, and threads it can use."""
     return (x.dtype == torch.float32 and w.dtype == torch.float32 and w.device.type == "cpu"
-            and 0 < x.numel() <= kernels.MAX_ROWS * x.shape[-1]
+            and 0 < x.numel() and (max_rows is None or x.numel() <= max_rows * x.shape[-1])
             and not (w.requires_grad and torch.is_grad_enabled()) and kernels.available()
             and (kernels.threaded() or torch.get_num_threads() == 1))
 
@@ -59,8 +60,8 @@ def can_pack(w: torch.Tensor) -> bool:
 
 
 class FastLinear(Linear):
-    """Linear with the panel kernel for a few float32 rows and oneDNN's packed product elsewhere.
-    `packed=False` leaves the several-row products to `x @ W`."""
+    """Linear with the panel kernel for float32 and oneDNN's packed product for bfloat16.
+    `packed=False` leaves the bfloat16 products to `x @ W`."""
 
     def __init__(self, linear: Linear, packed: bool = True):
         torch.nn.Module.__init__(self)  # not Linear's: it would allocate a W to throw away
@@ -82,11 +83,10 @@ class FastLinear(Linear):
 
     def forward(self, x):
         w = self.weight
-        if uses_kernels(x, w):
+        if uses_kernels(x, w, max_rows=None):
             y = kernels.matmul(x, panel_weight(self), w.shape[1])
             return y + self.bias if self.bias is not None else y
-        rows = x.numel() // max(x.shape[-1], 1)
-        if (self.packed and (rows > 1 or w.dtype == torch.bfloat16) and can_pack(w) and x.dtype == w.dtype
+        if (self.packed and w.dtype == torch.bfloat16 and can_pack(w) and x.dtype == w.dtype
                 and not (w.requires_grad and torch.is_grad_enabled())):
             bias = None if self.bias is None else self.bias.detach()
             return _MKLDNN._linear_pointwise(x, self.packed_weight(), bias, "none", [None], "")

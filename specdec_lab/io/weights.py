@@ -16,6 +16,7 @@ target loads in a few seconds.
 """
 import json
 import os
+from collections.abc import MutableMapping
 from pathlib import Path
 
 import torch
@@ -67,12 +68,12 @@ def config_to_hf(cfg: ModelConfig) -> dict:
 
 def from_hf_state_dict(sd: dict, cfg: ModelConfig) -> dict:
     """Rename, transpose to (in, out) and fuse a Hugging Face Llama state dict into this project's layout.
-    Every tensor returned owns its memory: read_safetensors' tensors are views of the whole file mapped into
-    memory, and one of them kept (a norm's weight) would keep the file's pages resident, a second copy of
-    the model beside the converted one."""
+    Every tensor returned owns its memory, and each source tensor is looked up once: from a
+    read_safetensors reader, the source is read a tensor at a time, and a state dict whose tensors are
+    views of something larger (a memory-mapped file) keeps none of them alive."""
     out = {"norm.weight": sd["model.norm.weight"].clone()}
-    head = sd["model.embed_tokens.weight"] if cfg.tie_embeddings else sd["lm_head.weight"]
-    out["head.weight"] = head.t().contiguous()  # (dim, V)
+    head_name = "model.embed_tokens.weight" if cfg.tie_embeddings else "lm_head.weight"
+    out["head.weight"] = sd[head_name].t().contiguous()  # (dim, V); the source is dropped at once
     if not cfg.tie_embeddings:
         out["embed.weight"] = sd["model.embed_tokens.weight"].clone()
     for i in range(cfg.n_layers):
@@ -129,6 +130,17 @@ def build_model(cfg: ModelConfig, state_dict: dict, device="cpu", dtype=torch.fl
     return model.eval().requires_grad_(False)
 
 
+def release_freed_memory():
+    """Hand the loader's freed buffers back to the system. glibc's allocator keeps freed memory for
+    reuse, and after a load that read and converted tensor by tensor it kept about 90 MB of the
+    default target's (measured: docs/benchmarks.md, section 35); malloc_trim returns it. A no-op where
+    the C library has no malloc_trim."""
+    import ctypes
+    trim = getattr(ctypes.CDLL(None), "malloc_trim", None)
+    if trim is not None:
+        trim(0)
+
+
 def _is_converted_folder(path: Path) -> bool:
     return path.is_dir() and (path / "config.json").exists() and bool(safetensors_files(path))
 
@@ -141,16 +153,60 @@ def safetensors_files(folder: Path) -> list:
     return [folder / "model.safetensors"] if (folder / "model.safetensors").exists() else []
 
 
-def read_safetensors(folder: Path, device="cpu", dtype=torch.float32) -> dict:
-    """Every tensor of the folder's weight files, each read onto `device` and cast to `dtype` one
-    at a time: the host holds one tensor at most, never the whole model in float32."""
-    from safetensors import safe_open
-    sd = {}
-    for file in safetensors_files(folder):
-        with safe_open(str(file), framework="pt", device=str(device)) as f:
-            for name in f.keys():
-                sd[name] = f.get_tensor(name).to(dtype)
-    return sd
+_SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+                       "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
+                       "U8": torch.uint8, "BOOL": torch.bool}
+
+
+class SafetensorsReader(MutableMapping):
+    """The tensors of a folder's weight files by name, each read from disk when it is asked for, with
+    plain reads into memory it owns: no memory map whose touched pages would stay resident beside the
+    converted model. A loader that converts one tensor at a time (from_hf_state_dict) so holds the
+    converted model and one source tensor, never the whole source beside it. `del` forgets a name."""
+
+    def __init__(self, files, device="cpu", dtype=torch.float32):
+        self.device, self.dtype, self._where = device, dtype, {}
+        for file in files:
+            with open(file, "rb") as f:
+                n = int.from_bytes(f.read(8), "little")
+                header = json.loads(f.read(n))
+            for name, entry in header.items():
+                if name != "__metadata__":
+                    self._where[name] = (file, 8 + n, entry)
+
+    def __getitem__(self, name):
+        file, base, entry = self._where[name]
+        if entry["dtype"] not in _SAFETENSORS_DTYPES:
+            raise ValueError(f"{file}: tensor {name} has dtype {entry['dtype']}, which this reader does not take")
+        begin, end = entry["data_offsets"]
+        t = torch.empty(entry["shape"], dtype=_SAFETENSORS_DTYPES[entry["dtype"]])
+        raw = t.reshape(-1).view(torch.uint8)
+        if raw.numel() != end - begin:
+            raise ValueError(f"{file}: tensor {name} holds {end - begin} bytes, its shape {entry['shape']} needs "
+                             f"{raw.numel()}")
+        with open(file, "rb") as f:
+            f.seek(base + begin)
+            if f.readinto(memoryview(raw.numpy())) != raw.numel():
+                raise ValueError(f"{file} ends inside tensor {name}: the file is truncated")
+        return t.to(device=self.device, dtype=self.dtype)
+
+    def __setitem__(self, name, value):
+        raise TypeError("the weights on disk are read, not written")
+
+    def __delitem__(self, name):
+        del self._where[name]
+
+    def __iter__(self):
+        return iter(self._where)
+
+    def __len__(self):
+        return len(self._where)
+
+
+def read_safetensors(folder: Path, device="cpu", dtype=torch.float32) -> SafetensorsReader:
+    """Every tensor of the folder's weight files, each read onto `device` and cast to `dtype` when it
+    is looked up: the host holds one source tensor at a time, never the whole model in float32."""
+    return SafetensorsReader(safetensors_files(folder), device, dtype)
 
 
 def _hub_folder(source):
@@ -183,7 +239,9 @@ def load_model(source, device="cpu", dtype=torch.float32):
         sd = read_safetensors(path, device, dtype)
         if cfg.tie_embeddings and "lm_head.weight" in sd:
             del sd["lm_head.weight"]
-        return build_model(cfg, from_hf_state_dict(sd, cfg), device, dtype), tok
+        model = build_model(cfg, from_hf_state_dict(sd, cfg), device, dtype)
+        release_freed_memory()
+        return model, tok
     hf_model, tok = load_hf_model(source, dtype=dtype)  # GGUF dequantizes to float32 whatever is asked
     cfg = config_from_hf(hf_model.config.to_dict(), eos_ids=[tok.eos_token_id])
     return build_model(cfg, from_hf_state_dict(hf_model.state_dict(), cfg), device, dtype), tok
