@@ -29,6 +29,7 @@ from .drafters.feature import load_feature_draft as _load_feature_draft
 from .io.assets import ensure_default_target
 from .io.pair import (ModelPair, _CACHE, check_device, check_source, default_draft_dir, load_model_cached,
                       vocab_subset)
+from .options import Logprobs, request_processor
 from .paged import PagedSequenceCache
 from .policies.adaptive import AUTO_K_MAX, auto_controller
 from .verification import verify_block, verify_block_reference, verify_match, verify_match_reference
@@ -145,6 +146,26 @@ class SpeculativeEngine(Engine):
                          tokenizer=tokenizer, propose=propose)
         self.controller = controller  # generate(k=...) drafts that K instead
         self.cache_kind, self.block_size = cache, block_size
+
+    def generate(self, prompt, max_new_tokens=128, temperature=0.0, top_p=1.0, seed=None, top_k=0, k=None,
+                 on_step=None, processor=None, grammar=None, presence_penalty=0.0, frequency_penalty=0.0,
+                 repetition_penalty=1.0, logprobs=False, top_logprobs=0):
+        """Engine.generate with a request's options, each exact under speculation (options/):
+        `grammar` ("json", a JSON Schema, {"regex": ...}, {"lark": ...} or {"gbnf": ...}) constrains
+        the output; presence, frequency and repetition penalties as OpenAI and vLLM define them;
+        `logprobs` (and `top_logprobs`, 0 to 20) fills the result's `logprobs` with the target's
+        log-probability of each token, read from the verification pass."""
+        options = request_processor(self.tokenizer, self.target.cfg.vocab_size, grammar, presence_penalty,
+                                    frequency_penalty, repetition_penalty, logprobs, top_logprobs,
+                                    self.target.cfg.eos_token_ids)
+        if processor is not None and options is not None:
+            raise ValueError("pass either processor or the request options (grammar, penalties, logprobs), not both")
+        result = super().generate(prompt, max_new_tokens, temperature, top_p, seed, top_k, k, on_step,
+                                  processor if processor is not None else options)
+        recorded = options.find(Logprobs) if options is not None else None
+        if recorded is not None:
+            result.logprobs = recorded.entries[:len(result.tokens)]
+        return result
 
 
 class LookupThenModelDrafter(LookupDrafter):

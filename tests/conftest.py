@@ -63,7 +63,8 @@ def pytest_collection_finish(session):
 # tests/test_engines.py is not among them: its vLLM servers take more than a core while they start,
 # and early on they overlapped chapter 01's live bandwidth and FLOP/s measurement; it runs late.
 LONG_FILES = ("tests/test_bench.py", "tests/test_gpu_check.py", "tests/test_browser_demo.py",
-              "tests/test_eagle3.py", "notebooks/07_engine_loop.ipynb", "tests/test_engine_default.py", "tests/test_distill.py")
+              "tests/test_eagle3.py", "notebooks/07_engine_loop.ipynb", "tests/test_engine_default.py", "tests/test_distill.py",
+              "tests/test_options.py")
 
 
 def _long_first(items, root):

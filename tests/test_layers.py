@@ -39,8 +39,9 @@ def _lines(path: Path) -> int:
 def test_the_core_is_small_and_no_module_is_long():
     core = {p.name: _lines(p) for p in (PACKAGE / "core").glob("*.py")}
     # Fixed shapes and torch.compile live in compiled/, the CPU's fast forward in cpu/: both are
-    # installed on a model from outside (Transformer.runner), so the core stays this small.
-    assert sum(core.values()) <= 1100, f"core/ has {sum(core.values())} lines: {core}"
+    # installed on a model from outside (Transformer.runner), so the core stays this small. The
+    # request options' seam (Engine.generate's `processor`: a grammar, penalties, logprobs) took 12.
+    assert sum(core.values()) <= 1115, f"core/ has {sum(core.values())} lines: {core}"
     assert max(core.values()) <= 300, core
     source = "".join((PACKAGE / "core" / f).read_text() for f in core)
     for name in ("static_shapes", "torch.compile", "mark_static_address", "static_forward", "write_at", "_dynamo"):

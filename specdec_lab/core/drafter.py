@@ -14,6 +14,9 @@ engine checks a request against. `host_syncs` counts the host reads and copies i
 `needs_hidden`: it reads the target's final states, (len(prompt) - 1, dim) at prefill and the
 verification forward's (k' + 1, dim) at commit; `hidden_layers` (else None) names the target
 layers whose residual-stream states it reads instead, concatenated (EAGLE-3, arXiv 2503.01840).
+The engine sets `processor` (a request's grammar, penalties: options/) before each generation; a
+drafter with logits of its own passes them through `processor.draft(logits, drafted so far)`, one
+that has none ignores it.
 """
 from dataclasses import dataclass
 from typing import Protocol

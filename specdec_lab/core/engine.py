@@ -33,6 +33,7 @@ class GenerationResult:
     steps: list = field(default_factory=list)  # StepRecord per step
     stats: RunStats = field(default_factory=RunStats)
     prompt_ids: list = field(default_factory=list)
+    logprobs: list | None = None  # per token, where the request asked for them (options.Logprobs)
 
 
 def check_seed(seed):
@@ -82,10 +83,10 @@ def cut_at_eos(tokens, budget, eos_ids):
 # counting and view tracking, and a one-token forward of the default target took 3% less time.
 @torch.inference_mode()
 def autoregressive_generate(model, prompt, max_new_tokens=128, temperature=0.0, top_p=1.0, seed=None,
-                            top_k=0, tokenizer=None, max_seq_len=None, cache=None):
+                            top_k=0, tokenizer=None, max_seq_len=None, cache=None, processor=None):
     """The baseline: prefill, then one target forward and one sync per token. `cache`, when given,
     is reset and reused; else the model makes one for this call (new_cache: a runner with fixed
-    shapes rounds it up to its one capacity)."""
+    shapes rounds it up to its one capacity). `processor`: as Engine.generate's."""
     tokenizer = tokenizer or getattr(model, "tokenizer", None)
     check_generate_args(max_new_tokens, temperature, top_p, top_k)
     check_seed(seed)
@@ -99,16 +100,21 @@ def autoregressive_generate(model, prompt, max_new_tokens=128, temperature=0.0, 
     cache = cache if cache is not None else model.new_cache(capacity)
     cache.reset()
     stats, steps, out = RunStats(), [], []
+    if processor is not None:
+        processor.reset(ids)
     t0 = time.perf_counter()
     logits = model(torch.tensor([ids], device=device), cache=cache, last_only=True)[0, -1]  # the prompt's one copy
     stats.prefill_seconds = time.perf_counter() - t0
     t_start = time.perf_counter()
     while True:
         t1 = time.perf_counter()
+        raw, logits = logits, logits if processor is None else processor.target(logits[None], [])[0]
         probs = logits if temperature == 0 else logits_to_probs(logits, temperature, top_k, top_p)
         tok_t = (probs.argmax() if temperature == 0 else sample(probs, g)).view(1, 1)  # (1, 1) on the device
         tok = int(tok_t)  # sync: one per token
         out.append(tok)
+        if processor is not None:
+            processor.commit([tok], raw[None])
         done = len(out) == max_new_tokens or tok in eos
         if not done:
             logits = model(tok_t, cache=cache)[0, -1]
@@ -149,8 +155,9 @@ class Engine:
 
     @torch.inference_mode()
     def generate(self, prompt, max_new_tokens=128, temperature=0.0, top_p=1.0, seed=None, top_k=0,
-                 k=None, on_step=None) -> GenerationResult:
-        """Generate up to max_new_tokens; stops early at EOS. `on_step(record, tokens_so_far)` streams."""
+                 k=None, on_step=None, processor=None) -> GenerationResult:
+        """Generate up to max_new_tokens; stops early at EOS. `on_step(record, tokens_so_far)` streams.
+        `processor` (options/: a grammar, penalties, logprobs) sees and changes every scored position."""
         ids = encode_prompt(self.tokenizer, prompt)
         if k is not None:
             check_k(k)
@@ -175,6 +182,9 @@ class Engine:
                 self.target(x, cache=self.cache, last_only=True)
         self.drafter.prefill(ids, hidden)
         stats.prefill_seconds = time.perf_counter() - t0
+        self.drafter.processor = processor  # a drafter with logits of its own applies it to them
+        if processor is not None:
+            processor.reset(ids)
 
         if controller is not None:
             controller.reset()  # estimates describe one generation, not the engine's lifetime
@@ -186,7 +196,7 @@ class Engine:
                 k_step = min(k_step, max_new_tokens - len(out) - 1)
             # ... except where every forward keeps one shape: a smaller K would be one more graph to
             # compile (for a few extra draft tokens at the very end, which cut_at_eos drops).
-            rec, c = self._step(c, k_step, sampling, g, len(steps))
+            rec, c = self._step(c, k_step, sampling, g, len(steps), processor)
             rec.committed = cut_at_eos(rec.drafted[:rec.num_accepted] + [rec.next_token], max_new_tokens - len(out), eos)
             out += rec.committed
             steps.append(rec)
@@ -210,7 +220,7 @@ class Engine:
             return final, final
         return self.target.hidden(x, cache=self.cache, layers=layers)
 
-    def _step(self, c, k, sampling, g, step_index) -> tuple[StepRecord, torch.Tensor]:
+    def _step(self, c, k, sampling, g, step_index, processor=None) -> tuple[StepRecord, torch.Tensor]:
         """One step from c, (1,) on the device: its record, and the next step's c, (1,) on the device."""
         device, drafter_syncs = self.target.device, self.drafter.host_syncs
         # 1. The drafter proposes d_1..d_k (perhaps fewer) with the q each was drawn from.
@@ -232,6 +242,7 @@ class Engine:
             logits = self.target.head(final[0]).float()  # (K+1, V)
         else:
             logits = self.target(x, cache=self.cache)[0]  # (K+1, V)
+        raw, logits = logits, logits if processor is None else processor.target(logits, draft_ids.tolist())
 
         # 3. Verify on the device; the host reads the packed verdict in one sync.
         p, u, e = target_draws(logits, sampling, k, g)
@@ -244,6 +255,8 @@ class Engine:
         # decision: the device tensor [n, next]; r: the host's reading of it, in the one sync
         packed = pack_step(decision, draft_ids, p, q, u, sampling.greedy)
         r = read_step(packed.tolist(), k, sampling.greedy)  # sync: the one per step
+        if processor is not None:
+            processor.commit(r.drafted[:r.num_accepted] + [r.next_token], raw)
 
         # 4. Commit: the target keeps c, d_1..d_n; the drafter hears the verdict; next becomes c.
         drop_rejected(self.cache, fed=k + 1, kept=r.num_accepted + 1)

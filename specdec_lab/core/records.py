@@ -67,8 +67,7 @@ class RunStats:
         self.draft_seconds += rec.draft_seconds
         self.target_seconds += rec.target_seconds
         self.syncs += rec.syncs
-        while len(self.accepted_per_position) < rec.k:
-            self.accepted_per_position.append(0)
+        self.accepted_per_position += [0] * (rec.k - len(self.accepted_per_position))
         for i in range(rec.num_accepted):
             self.accepted_per_position[i] += 1
 

@@ -67,8 +67,12 @@ class ModelDrafter:
         device = self.model.device
         x = self.pending.view(1, -1)  # (1, T): 1 or 2 tokens, more after lookup steps
         ids, qs = [], []
+        processor = getattr(self, "processor", None)  # a request's grammar or penalties (options/)
         for i in range(k):
-            d, q = draft_token(self._feed(x), sampling, generator, self.stop_below is not None)
+            logits = self._feed(x)
+            if processor is not None:  # the draft proposes under them too, so that fewer drafts are refused
+                logits = processor.draft(logits, [int(t) for t in ids])  # sync: a host int per drafted token
+            d, q = draft_token(logits, sampling, generator, self.stop_below is not None)
             if not sampling.greedy:
                 qs.append(q)
             ids.append(d)
