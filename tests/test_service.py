@@ -177,7 +177,10 @@ BAD = [  # (body, the field the error must name)
     ({"prompt": [1, 2], "top_k": -3}, "top_k"),
     ({"prompt": [1, 2], "max_tokens": 0}, "max_tokens"),
     ({"prompt": [1, 2], "max_tokens": 120}, "max_tokens"),
-    ({"prompt": [1, 2], "n": 2}, "n"),
+    ({"prompt": [1, 2], "n": 9}, "n"),
+    ({"prompt": [1, 2], "presence_penalty": 3}, "presence_penalty"),
+    ({"prompt": [1, 2], "logprobs": 6}, "logprobs"),
+    ({"prompt": [1, 2], "response_format": {"type": "json_object"}}, "response_format"),  # no tokenizer here
     ({"prompt": [1, 2], "seed": 1.5}, "seed"),
     ({"prompt": [1, 2], "stop": "x"}, "stop"),  # stop strings need a tokenizer; the tiny model has none
     ({"prompt": [1, 2], "stream": "yes"}, "stream"),

@@ -143,10 +143,20 @@ class GrammarProcessor(Processor):
     def __init__(self, matcher, rollback=True):
         self.matcher, self.rollback = matcher, rollback
         self._walked = 0  # drafts the matcher walked while the draft proposed them
+        self._consumed = 0  # committed tokens the matcher walked
 
     def reset(self, prompt_ids):
         self.matcher.reset()
-        self._walked = 0
+        self._walked = self._consumed = 0
+
+    def mark(self):
+        self._unwalk()
+        return self._consumed
+
+    def restore(self, mark):
+        self._unwalk()
+        self.matcher.rollback(self._consumed - mark)
+        self._consumed = mark
 
     @staticmethod
     def _mask(logits, allowed):
@@ -182,6 +192,7 @@ class GrammarProcessor(Processor):
     def commit(self, committed, raw):
         self._unwalk()
         walked = self.matcher.try_consume(committed)  # past an end-of-sequence token it ends: the engine cuts there
+        self._consumed += walked
         if walked != len(committed) and not self.matcher.stopped() and self.rollback:
             raise RuntimeError(f"the grammar refused a committed token in {committed}: the masks and the "
                                f"tokens disagree")

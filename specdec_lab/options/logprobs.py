@@ -30,3 +30,9 @@ class Logprobs(Processor):
         for i, (t, v) in enumerate(zip(committed, chosen)):
             top = list(zip(tops.indices[i].tolist(), tops.values[i].tolist())) if tops is not None else []
             self.entries.append({"token": t, "logprob": v, "top": top})
+
+    def mark(self):
+        return len(self.entries)
+
+    def restore(self, mark):
+        del self.entries[mark:]

@@ -60,3 +60,9 @@ class Penalties(Processor):
 
     def commit(self, committed, raw):
         self.output += committed
+
+    def mark(self):
+        return len(self.output)
+
+    def restore(self, mark):
+        del self.output[mark:]

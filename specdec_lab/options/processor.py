@@ -6,7 +6,8 @@ A processor sees three things, in this order, every step:
     target(logits (K+1, V), drafted)   the target's rows; row i as if c, d_1..d_i had been generated
     commit(committed, raw (K+1, V))    d_1..d_n and the next token, with the target's unprocessed rows
 
-plus `reset(prompt_ids)` before a generation. Row i of the target's logits predicts the token after
+plus `reset(prompt_ids)` before a generation, and `mark()` / `restore(mark)`, which the batched server's
+step uses to put a processor back as it was when the step fails (serve/engine.py). Row i of the target's logits predicts the token after
 d_i; the step then draws from (or verifies against) the processed rows, and the draft draws from its
 processed logits, so both p and q are the distributions plain decoding with the same options would
 use at that position. That is all speculative sampling needs to stay exact (arXiv 2211.17192 holds for
@@ -29,6 +30,13 @@ class Processor:
         return logits
 
     def commit(self, committed: list, raw: torch.Tensor) -> None:
+        pass
+
+    def mark(self):
+        """What restore() needs to undo every call since."""
+        return None
+
+    def restore(self, mark) -> None:
         pass
 
 
@@ -56,6 +64,13 @@ class Chain(Processor):
     def commit(self, committed, raw):
         for p in self.processors:
             p.commit(committed, raw)
+
+    def mark(self):
+        return [p.mark() for p in self.processors]
+
+    def restore(self, mark):
+        for p, m in zip(self.processors, mark):
+            p.restore(m)
 
     def find(self, kind):
         """The first processor of this class, or None."""

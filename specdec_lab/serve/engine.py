@@ -58,6 +58,7 @@ class Sequence:
     seq_id: int = -1  # id in the engine's caches while it holds them
     c: torch.Tensor | None = None  # (1,) the target's pending token, on the device
     pending: torch.Tensor | None = None  # (T,) committed tokens the draft has not seen, on the device
+    processor: object = None  # the request's options (options/: a grammar, penalties, logprobs), reset to the prompt
 
     @property
     def finished(self) -> bool:
@@ -183,10 +184,13 @@ class BatchEngine:
         generator (a greedy row draws nothing from it). Host values only: no sync."""
         lengths = [kv.lengths[s.seq_id] for kv in (self.target_kv, self.draft_kv) if kv is not None]
         rng = None if s.sampling.greedy else s.generator.get_state()
-        return lengths, s.c, s.pending, len(s.output), len(s.steps), (s.num_steps, s.drafted, s.accepted), rng
+        mark = None if s.processor is None else s.processor.mark()
+        return lengths, s.c, s.pending, len(s.output), len(s.steps), (s.num_steps, s.drafted, s.accepted), rng, mark
 
     def _restore(self, s, state):
-        lengths, s.c, s.pending, n_out, n_steps, (s.num_steps, s.drafted, s.accepted), rng = state
+        lengths, s.c, s.pending, n_out, n_steps, (s.num_steps, s.drafted, s.accepted), rng, mark = state
+        if s.processor is not None:
+            s.processor.restore(mark)
         for kv, n in zip([kv for kv in (self.target_kv, self.draft_kv) if kv is not None], lengths):
             kv.rollback(s.seq_id, n)  # frees the blocks the step took (paged)
         del s.output[n_out:], s.steps[n_steps:]
@@ -205,7 +209,7 @@ class BatchEngine:
         n = num_accepted(verdict)  # (B,)
         decision = torch.stack([n, verdict.gather(1, n.view(-1, 1)).squeeze(1)], 1)  # (B, 2) [n, next]
         host = pack_step(decision, D, P, Q, U, greedy=False).tolist()  # sync: the one host read per step
-        records = self._commit(seqs, ks, verdict, host, K, t1 - t0, time.perf_counter() - t1)
+        records = self._commit(seqs, ks, verdict, host, K, t1 - t0, time.perf_counter() - t1, logits)
         return BatchRecord(records, t1 - t0, time.perf_counter() - t1, 1, forwards)
 
     def _draft(self, seqs, ks):
@@ -226,7 +230,8 @@ class BatchEngine:
             forwards += 1
             for j, b in enumerate(rows):
                 s = seqs[b]
-                d, q = draft_token(logits[j], s.sampling if self.propose == "sample" else SamplingConfig(), s.generator)
+                row = logits[j] if s.processor is None else s.processor.draft(logits[j], [int(d) for d in drafts[b]])
+                d, q = draft_token(row, s.sampling if self.propose == "sample" else SamplingConfig(), s.generator)
                 drafts[b].append(d)
                 qs[b].append(q if q is not None else torch.zeros(V, device=d.device).scatter_(0, d.view(1), 1.0))
         return drafts, qs, forwards
@@ -244,8 +249,10 @@ class BatchEngine:
         V, device = logits.shape[-1], logits.device
         D, P, Q, U, E = [], [], [], [], []
         for b, (s, k) in enumerate(zip(seqs, ks)):
-            sp = s.sampling
-            p = logits_to_probs(logits[b, :k + 1], sp.temperature, sp.top_k, sp.top_p)  # (k+1, V)
+            sp, rows = s.sampling, logits[b, :k + 1]
+            if s.processor is not None:  # each row as if the drafts before it had been generated (options/)
+                rows = s.processor.target(rows, [int(d) for d in drafts[b]])
+            p = logits_to_probs(rows, sp.temperature, sp.top_k, sp.top_p)  # (k+1, V)
             if sp.greedy:
                 u, e = torch.zeros(k, device=device), torch.ones(V, device=device)
             else:
@@ -260,9 +267,10 @@ class BatchEngine:
             E.append(e)
         return torch.stack(D), torch.stack(P), torch.stack(Q), torch.stack(U), torch.stack(E)
 
-    def _commit(self, seqs, ks, verdict, host, K, draft_seconds, target_seconds):
+    def _commit(self, seqs, ks, verdict, host, K, draft_seconds, target_seconds, logits):
         """Row b keeps c, d_1..d_n in the target's cache (the single engine's drop_rejected) and its
-        draft cache follows (ModelDrafter's rule, commit_draft); its next token becomes its c."""
+        draft cache follows (ModelDrafter's rule, commit_draft); its next token becomes its c; its
+        processor hears the committed tokens with the target's raw rows (logits (B, K+1, V))."""
         records = []
         for b, (s, k) in enumerate(zip(seqs, ks)):
             r = read_step(host[b], k, s.sampling.greedy, K)  # one-hot p and q: p(d), q(d) as the engine's
@@ -275,6 +283,8 @@ class BatchEngine:
             rec = StepRecord(step=s.num_steps, k=k, drafted=r.drafted, num_accepted=n, next_token=r.next_token,
                              p_draft=r.p_draft, q_draft=r.q_draft, uniforms=r.uniforms,
                              draft_seconds=draft_seconds, target_seconds=target_seconds, syncs=1)
+            if s.processor is not None:
+                s.processor.commit(r.drafted[:n] + [r.next_token], logits[b, :n + 1])
             rec.committed = cut_at_eos(r.drafted[:n] + [r.next_token], s.max_new_tokens - len(s.output), s.eos_ids)
             s.output += rec.committed
             s.num_steps, s.drafted, s.accepted = s.num_steps + 1, s.drafted + k, s.accepted + n
@@ -293,10 +303,13 @@ def model_positions(target, draft=None) -> dict:
 
 
 def make_sequence(prompt_ids, max_new_tokens=32, temperature=0.0, top_p=1.0, top_k=0, seed=0, k=4,
-                  eos_ids=(), device="cpu") -> Sequence:
-    """A Sequence with its own generator (seeded: a row's tokens repeat alone or in any batch)."""
+                  eos_ids=(), device="cpu", processor=None) -> Sequence:
+    """A Sequence with its own generator (seeded: a row's tokens repeat alone or in any batch), and the
+    request's options (`processor`, options/), reset to its prompt here."""
+    if processor is not None:
+        processor.reset(list(prompt_ids))
     return Sequence(list(prompt_ids), SamplingConfig(temperature, top_k, top_p), make_generator(seed, device),
-                    max_new_tokens, tuple(eos_ids), k=k)
+                    max_new_tokens, tuple(eos_ids), k=k, processor=processor)
 
 
 def run_to_completion(engine, seqs):

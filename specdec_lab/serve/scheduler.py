@@ -38,6 +38,7 @@ from ..core.config import MAX_K, SamplingConfig
 from ..core.engine import check_generate_args, check_seed, check_token_ids
 from ..core.sampling import make_generator
 from ..core.text import encode_prompt
+from ..options import Logprobs, request_processor
 from ..paged import blocks_for
 from .engine import BatchEngine, BatchRecord, Sequence, model_positions
 
@@ -60,6 +61,9 @@ class Completion:
     preemptions: int  # times it was preempted and recomputed
 
 
+REQUEST_OPTIONS = {"grammar", "presence_penalty", "frequency_penalty", "repetition_penalty", "logprobs", "top_logprobs"}
+
+
 class Handle:
     """A submitted request: its state, its tokens so far, and ways to wait for it."""
 
@@ -72,6 +76,13 @@ class Handle:
         self.first_token_time = None  # perf_counter seconds of the first generated token
         self.submit_time = None
         self.finish_time = None
+
+    @property
+    def logprobs(self):
+        """Per generated token {"token", "logprob", "top"} (options.Logprobs), where the request asked."""
+        proc = self.seq.processor
+        found = proc.find(Logprobs) if proc is not None else None
+        return None if found is None else found.entries[:len(self.seq.output)]
 
     @property
     def tokens(self) -> list:
@@ -174,9 +185,12 @@ class Server:
     # -- requests ------------------------------------------------------------------
 
     def submit(self, prompt, max_new_tokens=64, temperature=0.0, top_p=1.0, top_k=0, seed=None, k=None,
-               on_step=None, ignore_eos=False) -> Handle:
+               on_step=None, ignore_eos=False, **options) -> Handle:
         """Queue a request; bad input raises ValueError here and queues nothing. ignore_eos decodes
-        through the model's end-of-sequence tokens to max_new_tokens (a load test's fixed lengths)."""
+        through the model's end-of-sequence tokens to max_new_tokens (a load test's fixed lengths).
+        `options`: grammar, presence_penalty, frequency_penalty, repetition_penalty, logprobs and
+        top_logprobs, as api.SpeculativeEngine.generate takes them, each exact under speculation
+        (options/); the handle's `logprobs` then holds what was asked for."""
         target = self.engine.target
         ids = encode_prompt(self.tokenizer, prompt)
         check_token_ids(ids, target.cfg.vocab_size)
@@ -198,8 +212,15 @@ class Server:
             raise ValueError(f"max_new_tokens ({max_new_tokens}): the request needs up to "
                              f"{blocks_for(need, self.block_size)} blocks alone, the pool has {pool}")
         eos = () if ignore_eos else tuple(target.cfg.eos_token_ids)
+        unknown = set(options) - REQUEST_OPTIONS
+        if unknown:
+            raise ValueError(f"unknown request options {sorted(unknown)}; known: {sorted(REQUEST_OPTIONS)}")
+        processor = request_processor(self.tokenizer, target.cfg.vocab_size, eos_ids=target.cfg.eos_token_ids,
+                                      **options)
+        if processor is not None:
+            processor.reset(ids)
         seq = Sequence(ids, SamplingConfig(temperature, top_k, top_p), make_generator(seed, target.device),
-                       max_new_tokens, eos, keep_steps=self.keep_steps)
+                       max_new_tokens, eos, keep_steps=self.keep_steps, processor=processor)
         handle = Handle(self, self._next_id, seq, on_step, MAX_K if k is None else k)
         self._next_id += 1
         handle.submit_time = _now()

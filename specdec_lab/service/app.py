@@ -23,7 +23,8 @@ from starlette.routing import Route
 from .detok import Detokenizer
 from .loop import Busy, Closed, EngineLoop
 from .metrics import CONTENT_TYPE_LATEST, ServiceMetrics
-from .protocol import ApiError, bad, chunk_body, completion_body, error_body, parse_request, usage_chunk
+from .protocol import (ApiError, bad, chunk_body, completion_body, error_body, logprobs_body, parse_request,
+                       usage_chunk)
 
 BODY_LIMIT = 1 << 20  # bytes: a prompt the server can hold is far smaller
 
@@ -169,40 +170,50 @@ async def _read_json(request, limit):
 async def _generate(service, request, chat):
     body = await _read_json(request, service.body_limit)
     req = parse_request(body, chat, service.tokenizer, service.vocab_size, service.max_seq_len, service.model_name)
-    reply = _Reply(asyncio.get_running_loop())
-    handle = await _submit(service, req, reply)
-    answer = _Answer(service, req, handle, reply)
+    answers = []
+    try:
+        for index in range(req.n):  # n answers: n sequences, answer i seeded with seed + i
+            reply = _Reply(asyncio.get_running_loop())
+            answers.append(_Answer(service, req, await _submit(service, req, reply, index), reply))
+    except BaseException:
+        for answer in answers:
+            answer.cancel()
+        raise
     if req.stream:
-        return _Stream(_sse(service, req, answer), answer)
-    return await _whole(service, request, req, answer)
+        return _Stream(_sse(service, req, answers), answers)
+    return await _whole(service, request, req, answers)
 
 
-async def _submit(service, req, reply):
+async def _submit(service, req, reply, index=0):
+    sampling = dict(req.sampling)
+    if index and sampling.get("seed") is not None:
+        sampling["seed"] = (sampling["seed"] + index + 2**63) % 2**64 - 2**63  # stays a signed 64-bit seed
     future = service.engine.submit(req.ids, reply.on_tokens, reply.on_done, max_new_tokens=req.max_tokens,
-                                   **req.sampling)
+                                   **sampling, **req.options)
     try:
         return await asyncio.wrap_future(future)
     except Busy as err:
         raise ApiError(429, str(err), code="too_many_requests", kind="rate_limit_error") from None
     except Closed as err:
         raise ApiError(503, str(err), code="shutting_down", kind="server_error") from None
-    except ValueError as err:  # the Server's own checks (the engine's limits)
-        raise bad(None, str(err)) from None
+    except ValueError as err:  # the Server's own checks (the engine's limits, the grammar against the tokenizer)
+        raise bad("response_format" if str(err).startswith("grammar") else None, str(err)) from None
 
 
 class _Stream(StreamingResponse):
     """Server-sent events whose request is cancelled however the response ends: a reader gone before the
     first chunk included (then the events' generator never started, and its own finally never runs)."""
 
-    def __init__(self, events, answer):
+    def __init__(self, events, answers):
         super().__init__(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-        self.answer = answer
+        self.answers = answers
 
     async def __call__(self, scope, receive, send):
         try:
             await super().__call__(scope, receive, send)
         finally:
-            self.answer.cancel()
+            for answer in self.answers:
+                answer.cancel()
 
 
 class _Reply:
@@ -219,12 +230,20 @@ class _Reply:
 
 
 class _Answer:
-    """One request's answer as it arrives: (text, ids) deltas cut at a stop string, then how it ended."""
+    """One answer as it arrives: (text, ids) deltas cut at a stop string, then how it ended; `entries`,
+    the logprobs of its ids where the request asked for them."""
 
     def __init__(self, service, req, handle, reply):
         self.service, self.handle, self.reply = service, handle, reply
         self.detok = Detokenizer(service.tokenizer, req.stop)
         self.ids, self.reason = [], None
+
+    @property
+    def entries(self):
+        return (self.handle.logprobs or [])[:len(self.ids)]
+
+    def result(self):
+        return self.detok.text, self.ids, self.reason, self.entries
 
     async def deltas(self):
         while (new := await self.reply.queue.get()) is not None:
@@ -254,11 +273,13 @@ def _ended(handle) -> str:
                    kind="server_error")
 
 
-async def _whole(service, request, req, answer):
+async def _whole(service, request, req, answers):
     """The non-streamed reply; a client that goes away first cancels the request."""
     async def collect():
-        async for _ in answer.deltas():
-            pass
+        async def one(answer):
+            async for _ in answer.deltas():
+                pass
+        await asyncio.gather(*(one(a) for a in answers))
 
     work, gone = asyncio.ensure_future(collect()), asyncio.ensure_future(_disconnected(request))
     try:
@@ -267,10 +288,11 @@ async def _whole(service, request, req, answer):
         gone.cancel()
     if not work.done():
         work.cancel()
-        answer.cancel()
+        for answer in answers:
+            answer.cancel()
         return Response(status_code=499)  # nobody reads it
     work.result()  # an ApiError of a failed request
-    return JSONResponse(completion_body(req, service.model_name, answer.detok.text, answer.ids, answer.reason))
+    return JSONResponse(completion_body(req, service.model_name, [a.result() for a in answers], service.tokenizer))
 
 
 async def _disconnected(request):
@@ -278,23 +300,51 @@ async def _disconnected(request):
         pass
 
 
-async def _sse(service, req, answer):
+async def _sse(service, req, answers):
     """Server-sent events in OpenAI's chunk shape, ending with data: [DONE]; an error mid-way is one
-    error event. The reader going away (this generator cancelled or closed) cancels the request."""
-    model = service.model_name
+    error event. With n answers, each chunk carries its choice's index, in the order they arrive. The
+    reader going away (this generator cancelled or closed) cancels the request."""
+    model, events, tasks = service.model_name, asyncio.Queue(), []
+
+    async def pump(index, answer):  # one answer's chunks into the shared queue; None when it ends
+        try:
+            sent, chars = 0, 0
+            async for text, ids in answer.deltas():
+                if text or ids or req.return_token_ids:
+                    entries = answer.entries[sent:]
+                    logprobs = logprobs_body(req, service.tokenizer, entries, chars)
+                    sent, chars = sent + len(entries), chars + len(text)
+                    if text or req.return_token_ids or logprobs is not None:
+                        await events.put(chunk_body(req, model, text, ids, index=index, logprobs=logprobs))
+            await events.put(chunk_body(req, model, reason=answer.reason, index=index))
+        except ApiError as err:
+            await events.put(err)
+        finally:
+            await events.put(None)
+
     try:
         if req.chat:
-            yield _event(chunk_body(req, model, role=True))
-        async for text, ids in answer.deltas():
-            if text or req.return_token_ids:
-                yield _event(chunk_body(req, model, text, ids))
-        yield _event(chunk_body(req, model, reason=answer.reason))
+            for index in range(len(answers)):
+                yield _event(chunk_body(req, model, role=True, index=index))
+        tasks = [asyncio.ensure_future(pump(i, a)) for i, a in enumerate(answers)]
+        running = len(tasks)
+        while running:
+            item = await events.get()
+            if item is None:
+                running -= 1
+            elif isinstance(item, ApiError):
+                raise item
+            else:
+                yield _event(item)
         if req.include_usage:
-            yield _event(usage_chunk(req, model, len(answer.ids)))
+            yield _event(usage_chunk(req, model, sum(len(a.ids) for a in answers)))
     except ApiError as err:
         yield _event(err.body())
     finally:
-        answer.cancel()
+        for task in tasks:
+            task.cancel()
+        for answer in answers:
+            answer.cancel()
     yield "data: [DONE]\n\n"
 
 

@@ -10,6 +10,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from ..core.config import MAX_K
+from ..options.grammar import grammar_text
 
 
 class ApiError(Exception):
@@ -32,13 +33,15 @@ def bad(param, message, code=None) -> ApiError:
 
 
 # Fields accepted only at the value that asks for nothing (what an SDK or a load generator may send anyway).
-NEUTRAL = {"frequency_penalty": (0, 0.0), "presence_penalty": (0, 0.0), "logprobs": (None, False),
-           "echo": (False,), "best_of": (None, 1), "logit_bias": (None, {}), "suffix": (None,), "top_logprobs": (None,),
-           "repetition_penalty": (1, 1.0), "tools": (None, []), "tool_choice": (None, "none")}
+NEUTRAL = {"echo": (False,), "best_of": (None, 1), "logit_bias": (None, {}), "suffix": (None,),
+           "tools": (None, []), "tool_choice": (None, "none")}
 COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "n", "stream", "stream_options",
-          "user", "return_token_ids", "ignore_eos"}
-FIELDS = {False: COMMON | {"prompt"}, True: COMMON | {"messages", "max_completion_tokens"}}
+          "user", "return_token_ids", "ignore_eos", "presence_penalty", "frequency_penalty", "repetition_penalty",
+          "logprobs", "response_format"}
+FIELDS = {False: COMMON | {"prompt"}, True: COMMON | {"messages", "max_completion_tokens", "top_logprobs"}}
 LOOKAHEAD = MAX_K + 1  # positions a step may write past the answer (the server's own check counts them)
+MAX_N = 8  # answers to one request
+MAX_TOP_LOGPROBS = {False: 5, True: 20}  # OpenAI's limits: completions' logprobs, chat's top_logprobs
 
 
 @dataclass
@@ -52,6 +55,8 @@ class GenRequest:
     stream: bool = False
     include_usage: bool = False
     return_token_ids: bool = False
+    options: dict = field(default_factory=dict)  # grammar, penalties, logprobs: Server.submit's request options
+    n: int = 1  # answers, each its own sequence (seed + i for answer i when seeded)
     id: str = field(default_factory=lambda: uuid.uuid4().hex[:24])
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -75,7 +80,8 @@ def parse_request(body, chat, tokenizer, vocab_size, max_seq_len, model_name) ->
     room = max_seq_len - len(ids) - LOOKAHEAD
     return GenRequest(chat, ids, _max_tokens(body, chat, room, len(ids), max_seq_len), _sampling(body),
                       _stop(body, tokenizer), stream, bool(options and _bool(options, "include_usage", False)),
-                      _bool(body, "return_token_ids", tokenizer is None))  # without a tokenizer, ids are the answer
+                      _bool(body, "return_token_ids", tokenizer is None),  # without a tokenizer, ids are the answer
+                      _request_options(body, chat, tokenizer), _n(body))
 
 
 def _check_fields(body, chat):
@@ -93,9 +99,68 @@ def _check_fields(body, chat):
         raise bad("messages", "messages is required: a list of {role, content}")
     if not chat and "prompt" not in body:
         raise bad("prompt", "prompt is required: a string or a list of token ids")
+
+
+def _n(body) -> int:
     n = body.get("n")
-    if n is not None and (n != 1 or isinstance(n, bool)):
-        raise bad("n", f"n must be 1 (one answer per request), got {n!r}")
+    if n is None:
+        return 1
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_N:
+        raise bad("n", f"n must be an int in [1, {MAX_N}] (answers to the request), got {n!r}")
+    return n
+
+
+def _request_options(body, chat, tokenizer) -> dict:
+    """Penalties, logprobs and response_format as the Server's request options (options/)."""
+    out = {"presence_penalty": float(_number(body, "presence_penalty", 0.0, -2, 2)),
+           "frequency_penalty": float(_number(body, "frequency_penalty", 0.0, -2, 2))}
+    rep = _number(body, "repetition_penalty", 1.0, 0, 10)
+    if rep == 0:
+        raise bad("repetition_penalty", "repetition_penalty must be in (0, 10] (1 for none), got 0")
+    out["repetition_penalty"] = float(rep)
+    top = MAX_TOP_LOGPROBS[chat]
+    if chat:  # logprobs: bool; top_logprobs: 0..20, with logprobs true
+        out["logprobs"] = _bool(body, "logprobs", False)
+        k = body.get("top_logprobs")
+        if k is not None:
+            if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= top:
+                raise bad("top_logprobs", f"top_logprobs must be an int in [0, {top}], got {k!r}")
+            if not out["logprobs"]:
+                raise bad("top_logprobs", "top_logprobs needs logprobs: true")
+            out["top_logprobs"] = k
+    else:  # the completions API's logprobs: null, or how many most likely tokens to list beside each (0..5)
+        k = body.get("logprobs")
+        if k is not None:
+            if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= top:
+                raise bad("logprobs", f"logprobs must be null or an int in [0, {top}], got {k!r}")
+            out["logprobs"], out["top_logprobs"] = True, k
+    grammar = _response_format(body.get("response_format"))
+    if grammar is not None:
+        if tokenizer is None:
+            raise bad("response_format", "response_format needs text: this server's model has no tokenizer")
+        out["grammar"] = grammar
+    return out
+
+
+def _response_format(fmt):
+    """OpenAI's response_format as a grammar (options/grammar.py), or None for free text."""
+    if fmt is None or fmt == {"type": "text"}:
+        return None
+    if not isinstance(fmt, dict) or fmt.get("type") not in ("text", "json_object", "json_schema"):
+        raise bad("response_format", f"response_format must be {{type: text | json_object | json_schema}}, "
+                                     f"got {_short(fmt)}")
+    if fmt["type"] == "json_object" and set(fmt) == {"type"}:
+        return "json"
+    spec = fmt.get("json_schema")
+    if fmt["type"] != "json_schema" or set(fmt) != {"type", "json_schema"} or not isinstance(spec, dict) \
+            or not isinstance(spec.get("schema"), dict) or set(spec) - {"name", "schema", "strict", "description"}:
+        raise bad("response_format", f"response_format json_schema must be {{type: json_schema, json_schema: "
+                                     f"{{name, schema: {{...}}, strict?, description?}}}}, got {_short(fmt)}")
+    try:
+        grammar_text(spec["schema"])
+    except ValueError as err:
+        raise bad("response_format", f"response_format.json_schema.schema: {err}") from None
+    return spec["schema"]
 
 
 def _prompt_ids(prompt, tokenizer) -> list:
@@ -232,22 +297,49 @@ def usage(req, completion_tokens) -> dict:
     return {"prompt_tokens": n, "completion_tokens": completion_tokens, "total_tokens": n + completion_tokens}
 
 
-def completion_body(req, model, text, token_ids, reason) -> dict:
-    choice = {"index": 0, "finish_reason": FINISH[reason], "logprobs": None}
+def logprobs_body(req, tokenizer, entries, text_start=0):
+    """OpenAI's logprobs for these tokens (options.Logprobs' entries), or None where the request asked for
+    none: chat's {"content": [{token, logprob, bytes, top_logprobs}], "refusal"}, the completions API's
+    {tokens, token_logprobs, top_logprobs, text_offset} (offsets from `text_start` characters)."""
+    if not req.options.get("logprobs"):
+        return None
+
+    def text(t):
+        return tokenizer.decode([t]) if tokenizer is not None else str(t)
+
     if req.chat:
-        choice["message"] = {"role": "assistant", "content": text}
-    else:
-        choice["text"] = text
-    if req.return_token_ids:  # vLLM's extension: the ids themselves, for clients that check tokens
-        choice["token_ids"], choice["prompt_token_ids"] = list(token_ids), list(req.ids)
+        return {"content": [{"token": text(e["token"]), "logprob": e["logprob"], "bytes": list(text(e["token"]).encode()),
+                             "top_logprobs": [{"token": text(t), "logprob": v, "bytes": list(text(t).encode())}
+                                              for t, v in e["top"]]} for e in entries], "refusal": None}
+    tokens, offsets = [text(e["token"]) for e in entries], []
+    for t in tokens:
+        offsets.append(text_start)
+        text_start += len(t)
+    return {"tokens": tokens, "token_logprobs": [e["logprob"] for e in entries],
+            "top_logprobs": [{text(t): v for t, v in e["top"]} for e in entries], "text_offset": offsets}
+
+
+def completion_body(req, model, answers, tokenizer=None) -> dict:
+    """answers: (text, token ids, reason, logprob entries) per choice, in index order."""
+    choices = []
+    for index, (text, token_ids, reason, entries) in enumerate(answers):
+        choice = {"index": index, "finish_reason": FINISH[reason], "logprobs": logprobs_body(req, tokenizer, entries)}
+        if req.chat:
+            choice["message"] = {"role": "assistant", "content": text}
+        else:
+            choice["text"] = text
+        if req.return_token_ids:  # vLLM's extension: the ids themselves, for clients that check tokens
+            choice["token_ids"], choice["prompt_token_ids"] = list(token_ids), list(req.ids)
+        choices.append(choice)
     kind = "chat.completion" if req.chat else "text_completion"
-    return {"id": _id(req), "object": kind, "created": req.created, "model": model, "choices": [choice],
-            "usage": usage(req, len(token_ids))}
+    return {"id": _id(req), "object": kind, "created": req.created, "model": model, "choices": choices,
+            "usage": usage(req, sum(len(a[1]) for a in answers))}
 
 
-def chunk_body(req, model, text=None, token_ids=(), reason=None, role=False) -> dict:
-    """One streamed chunk: a delta of text (and ids), or the last one with its finish_reason."""
-    choice = {"index": 0, "finish_reason": FINISH[reason] if reason else None, "logprobs": None}
+def chunk_body(req, model, text=None, token_ids=(), reason=None, role=False, index=0, logprobs=None) -> dict:
+    """One streamed chunk of choice `index`: a delta of text (and ids, and their logprobs), or the last one
+    with its finish_reason."""
+    choice = {"index": index, "finish_reason": FINISH[reason] if reason else None, "logprobs": logprobs}
     if req.chat:
         delta = {"role": "assistant", "content": ""} if role else {}
         if text:
