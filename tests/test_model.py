@@ -361,17 +361,29 @@ def test_the_default_pair_and_its_fast_path_hold_one_copy_of_each_weight(default
     fast twins share every weight with the models loaded once per process: the twin that restricts the
     head once was a deep copy, a second draft. And after an engine has answered (a prefill of more than
     16 rows and decode), each float32 product of the target has one copy beside its weight, the panels:
-    no oneDNN packed copy for the prefill, as there was."""
-    from specdec_lab import SpeculativeEngine, load_default_pair
-    from specdec_lab.io.pair import default_draft_dir, load_model_cached
-    pair = load_default_pair()
-    whole_draft = load_model_cached(default_draft_dir())
-    for fast, base in ((pair.target, load_model_cached(default_target_dir)), (pair.draft, whole_draft)):
-        shared = {p.data_ptr() for p in base.parameters()}
-        own = [n for n, p in fast.named_parameters() if p.data_ptr() not in shared and not n.startswith("head.proj")]
-        assert not own, f"{own[:3]} are copies of the loaded weights"
-    prompt = "Summarise: " + "the river ran past the mill and the town " * 8
-    SpeculativeEngine(pair.target, pair.draft, k=2).generate(prompt, max_new_tokens=8)
-    linears = [m for m in pair.target.modules() if isinstance(m, FastLinear)]
-    assert linears and all(m._packed is None for m in linears), "a float32 weight got a oneDNN copy"
-    assert all(set(_PANELS.get(m.weight, {})) <= {torch.float32} for m in linears)
+    no oneDNN packed copy for the prefill, as there was. In a fresh process, where nothing else (a
+    self-draft's rounded panels) has packed the same weights."""
+    code = f"""
+import json, torch
+from specdec_lab import SpeculativeEngine, load_default_pair
+from specdec_lab.cpu.linear import _PANELS, FastLinear
+from specdec_lab.io.pair import default_draft_dir, load_model_cached
+pair = load_default_pair()
+own = []
+for fast, base in ((pair.target, load_model_cached({str(default_target_dir)!r})),
+                   (pair.draft, load_model_cached(default_draft_dir()))):
+    shared = {{p.data_ptr() for p in base.parameters()}}
+    own += [n for n, p in fast.named_parameters() if p.data_ptr() not in shared and not n.startswith("head.proj")]
+SpeculativeEngine(pair.target, pair.draft, k=2).generate("Summarise: " + "the river ran past the mill " * 12,
+                                                          max_new_tokens=8)
+linears = [m for m in pair.target.modules() if isinstance(m, FastLinear)]
+print(json.dumps([own, len(linears), sum(m._packed is not None for m in linears),
+                  sorted({{str(d) for m in linears for d in _PANELS.get(m.weight, {{}})}})]))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    own, n_linears, onednn, panel_dtypes = json.loads(out.stdout.strip().splitlines()[-1])
+    assert not own, f"{own[:3]} are copies of the loaded weights"
+    assert n_linears > 0 and onednn == 0, f"{onednn} float32 weights got a oneDNN copy"
+    assert panel_dtypes == ["torch.float32"], panel_dtypes

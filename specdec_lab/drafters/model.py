@@ -9,6 +9,7 @@ instead of `accepted + 1` and never feeds d_k lets the draft cache drift:
 chapter 04 shows it, and docs/design.md lists it among the pitfalls.)
 """
 import torch
+import torch.nn.functional as F
 
 from ..core.drafter import Verdict
 from ..core.kv_cache import drop_rejected
@@ -34,6 +35,7 @@ class ModelDrafter:
         self.model, self.stop_below = model, stop_below
         self.cache_factory = cache_factory  # (cfg, capacity, dtype=, device=) -> a cache; None: model.new_cache
         self.host_syncs = 0  # host reads and copies so far (the early stop's)
+        self.forced_drafted = self.forced_accepted = 0  # proposals a grammar forced (options/), and accepted
         self.fit(capacity)
 
     def fit(self, capacity):
@@ -65,10 +67,19 @@ class ModelDrafter:
 
     def propose(self, k, sampling, generator):
         device = self.model.device
-        x = self.pending.view(1, -1)  # (1, T): 1 or 2 tokens, more after lookup steps
-        ids, qs = [], []
+        x = self.pending.view(1, -1)  # (1, T) not yet fed: the pending tokens (1 or 2, more after lookup steps)
+        ids, qs, forced_at = [], [], []
         processor = getattr(self, "processor", None)  # a request's grammar or penalties (options/)
-        for i in range(k):
+        while len(ids) < k:
+            forced = processor.forced([int(t) for t in ids])[:k - len(ids)] if processor is not None else []
+            if forced:  # the grammar allows these and nothing else: proposed with no draft forward, q one-hot
+                f = torch.tensor(forced, device=device)
+                forced_at += range(len(ids), len(ids) + len(forced))
+                ids += list(f)
+                if not sampling.greedy:
+                    qs += list(F.one_hot(f, self.model.cfg.vocab_size).float())
+                x = torch.cat([x.view(-1), f]).view(1, -1)  # fed with the next draft forward
+                continue
             logits = self._feed(x)
             if processor is not None:  # the draft proposes under them too, so that fewer drafts are refused
                 logits = processor.draft(logits, [int(t) for t in ids])  # sync: a host int per drafted token
@@ -77,10 +88,13 @@ class ModelDrafter:
                 qs.append(q)
             ids.append(d)
             x = d.view(1, 1)
-            if self.stop_below is not None and i + 1 < k:
+            if self.stop_below is not None and len(ids) < k:
                 self.host_syncs += 1
                 if float(q[d]) < self.stop_below:  # sync: one per drafted token, the price of the early stop
                     break
+        if x.shape[1] > 1 and ids:  # forced tokens at the end: feed all but the last, as the invariant keeps it
+            self.model(x[:, :-1], cache=self.cache, last_only=True)
+        self.forced_at = forced_at  # which proposals the grammar made, for commit's count
         draft_ids = torch.stack(ids) if ids else torch.empty(0, dtype=torch.long, device=device)
         q = torch.stack(qs) if qs else None
         return draft_ids, q
@@ -95,6 +109,10 @@ class ModelDrafter:
         self.pending = torch.cat([self.pending, tokens])
 
     def commit(self, verdict: Verdict, hidden=None):
+        forced = getattr(self, "forced_at", [])
+        self.forced_drafted += len(forced)
+        self.forced_accepted += sum(i < verdict.num_accepted for i in forced)
+        self.forced_at = []
         committed = verdict.committed_ids(self.model.device)  # d_1..d_n, next: (n + 1,) on the device
         self.pending = commit_draft(self.cache, self.pending, verdict.k, verdict.num_accepted, committed)
 

@@ -138,10 +138,11 @@ def compile_grammar(spec, tokenizer, vocab_size=None, eos_ids=None) -> LLGuidanc
 class GrammarProcessor(Processor):
     """A grammar's mask on the draft's logits and on every row of the target's, walked through the drafts
     and rolled back (module docstring). `rollback=False` is the broken variant that keeps the walked
-    drafts, as if every draft had been accepted (tests show what it does)."""
+    drafts, as if every draft had been accepted (tests show what it does). `jump_forward`: the drafter
+    proposes the tokens the grammar forces (`forced`) without running its model."""
 
-    def __init__(self, matcher, rollback=True):
-        self.matcher, self.rollback = matcher, rollback
+    def __init__(self, matcher, rollback=True, jump_forward=True):
+        self.matcher, self.rollback, self.jump_forward = matcher, rollback, jump_forward
         self._walked = 0  # drafts the matcher walked while the draft proposed them
         self._consumed = 0  # committed tokens the matcher walked
 
@@ -167,9 +168,19 @@ class GrammarProcessor(Processor):
             self.matcher.rollback(self._walked)
         self._walked = 0
 
+    def _walk(self, drafted):
+        self._walked += self.matcher.try_consume(drafted[self._walked:])  # drawn under the mask: all pass
+
+    def forced(self, drafted):
+        """The tokens the grammar allows and no other from here (a JSON key, a brace): the grammar as a
+        drafter, at no model's cost. `jump_forward=False` turns it off, to measure what it adds."""
+        if not self.jump_forward:
+            return []
+        self._walk(drafted)
+        return self.matcher.forced()
+
     def draft(self, logits, drafted):
-        new = drafted[self._walked:]
-        self._walked += self.matcher.try_consume(new)  # the draft drew them under the mask: all pass
+        self._walk(drafted)
         allowed = self.matcher.allowed()
         masked = self._mask(logits, allowed)
         if not torch.isfinite(masked).any():  # the draft gives no allowed token any weight (a subset head):

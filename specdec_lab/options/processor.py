@@ -6,7 +6,8 @@ A processor sees three things, in this order, every step:
     target(logits (K+1, V), drafted)   the target's rows; row i as if c, d_1..d_i had been generated
     commit(committed, raw (K+1, V))    d_1..d_n and the next token, with the target's unprocessed rows
 
-plus `reset(prompt_ids)` before a generation, and `mark()` / `restore(mark)`, which the batched server's
+plus `reset(prompt_ids)` before a generation, `forced(drafted)` (the tokens a grammar leaves no choice
+about, which the drafter proposes for free), and `mark()` / `restore(mark)`, which the batched server's
 step uses to put a processor back as it was when the step fails (serve/engine.py). Row i of the target's logits predicts the token after
 d_i; the step then draws from (or verifies against) the processed rows, and the draft draws from its
 processed logits, so both p and q are the distributions plain decoding with the same options would
@@ -31,6 +32,11 @@ class Processor:
 
     def commit(self, committed: list, raw: torch.Tensor) -> None:
         pass
+
+    def forced(self, drafted: list) -> list:
+        """Tokens the next positions must hold whatever the model says (a grammar's), after `drafted`: a
+        drafter proposes them with no forward of its own (jump-forward)."""
+        return []
 
     def mark(self):
         """What restore() needs to undo every call since."""
@@ -64,6 +70,9 @@ class Chain(Processor):
     def commit(self, committed, raw):
         for p in self.processors:
             p.commit(committed, raw)
+
+    def forced(self, drafted):
+        return next((f for p in self.processors if (f := p.forced(drafted))), [])
 
     def mark(self):
         return [p.mark() for p in self.processors]
