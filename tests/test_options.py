@@ -254,3 +254,23 @@ def test_logprobs_come_from_the_verification_pass_and_equal_plain_decodings(defa
         assert abs(got.logprobs[i]["logprob"] - ar[i]["logprob"]) < 1e-4
         assert [t for t, _ in got.logprobs[i]["top"]] == [t for t, _ in ar[i]["top"]]
     assert all(e["logprob"] <= 0 and len(e["top"]) == 3 for e in got.logprobs)
+
+
+def test_the_stored_structured_output_run_holds_and_benchmarks_md_quotes_it():
+    """docs/options.json (scripts/options_bench.py): every schema answer valid, every speculative answer
+    equal to plain decoding's, and section 40's table quoting the stored figures."""
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    doc = json.loads((root / "docs" / "options.json").read_text())
+    lab, vllm = doc["lab"], doc["vllm"]
+    n = len(doc["requests"])
+    for name, row in {**lab, **vllm}.items():
+        if "valid" in row:
+            assert row["valid"] == n, name
+        if "equal_to_plain" in row:
+            assert row["equal_to_plain"] == n, name
+    assert lab["speculative, schema"]["forced_accepted"] <= lab["speculative, schema"]["forced_drafted"]
+    section = (root / "docs" / "benchmarks.md").read_text().split("## 40.")[1]
+    for row in (*lab.values(), *vllm.values()):
+        assert f"{row['tokens_per_second']:.2f}" in section
+    assert f"{lab['speculative, schema']['tokens_per_step']:.2f}" in section

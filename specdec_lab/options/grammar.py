@@ -139,10 +139,11 @@ class GrammarProcessor(Processor):
     """A grammar's mask on the draft's logits and on every row of the target's, walked through the drafts
     and rolled back (module docstring). `rollback=False` is the broken variant that keeps the walked
     drafts, as if every draft had been accepted (tests show what it does). `jump_forward`: the drafter
-    proposes the tokens the grammar forces (`forced`) without running its model."""
+    proposes the tokens the grammar forces (`forced`) without running its model. `mask_draft=False` lets the
+    draft propose without the mask: exact still (verification masks p), and a measure of what the mask buys."""
 
-    def __init__(self, matcher, rollback=True, jump_forward=True):
-        self.matcher, self.rollback, self.jump_forward = matcher, rollback, jump_forward
+    def __init__(self, matcher, rollback=True, jump_forward=True, mask_draft=True):
+        self.matcher, self.rollback, self.jump_forward, self.mask_draft = matcher, rollback, jump_forward, mask_draft
         self._walked = 0  # drafts the matcher walked while the draft proposed them
         self._consumed = 0  # committed tokens the matcher walked
 
@@ -180,6 +181,8 @@ class GrammarProcessor(Processor):
         return self.matcher.forced()
 
     def draft(self, logits, drafted):
+        if not self.mask_draft:  # the draft proposes freely (as vLLM's draft model does): still exact, less accepted
+            return logits
         self._walk(drafted)
         allowed = self.matcher.allowed()
         masked = self._mask(logits, allowed)
