@@ -14,7 +14,7 @@ from specdec_lab import ModelDrafter, SpeculativeEngine, autoregressive_generate
 from specdec_lab.core.engine import Engine
 from specdec_lab.core.sampling import draft_token, logits_to_probs
 from specdec_lab.io.pair import tiny_model
-from specdec_lab.options import GrammarProcessor, Logprobs, Penalties, compile_grammar, request_processor
+from specdec_lab.options import GrammarProcessor, Logprobs, Penalties, Processor, compile_grammar, request_processor
 from specdec_lab.verification import verify_block, verify_match
 
 EOS = 7
@@ -131,15 +131,18 @@ def engine_for(toy_pair, rule="device", drafter=ModelDrafter):
     return Engine(target, drafter(draft, 64), k=2, cache=target.new_cache(64), verifier=verifier)
 
 
-@pytest.mark.parametrize("rule", ["device", "block", "match"])
-def test_speculative_sampling_under_a_grammar_follows_constrained_sampling(toy_pair, toy_tokenizer, rule):
+@pytest.mark.parametrize("rule,mask_draft", [("device", True), ("block", True), ("match", True), ("device", False)])
+def test_speculative_sampling_under_a_grammar_follows_constrained_sampling(toy_pair, toy_tokenizer, rule, mask_draft):
+    """Every rule; and a draft that proposes without the mask (only the target's rows masked) is exact too."""
     law = exact_law(toy_pair[0], lambda: grammar_processor(toy_tokenizer))
     assert abs(sum(law.values()) - 1) < 1e-9 and len(law) > 20
     engine = engine_for(toy_pair, rule)
-    counts = sample_law(engine, lambda: grammar_processor(toy_tokenizer))
+    counts = sample_law(engine, lambda: grammar_processor(toy_tokenizer, mask_draft=mask_draft,
+                                                          jump_forward=mask_draft))
     assert pvalue(counts, law) > 1e-3, rule
-    assert engine.drafter.processor is not None  # the draft proposed under the grammar too
-    assert engine.drafter.forced_drafted >= SAMPLES  # and the grammar proposed each answer's "[" itself
+    assert engine.drafter.processor is not None  # the draft proposed with the grammar's processor
+    if mask_draft:
+        assert engine.drafter.forced_drafted >= SAMPLES  # and the grammar proposed each answer's "[" itself
 
 
 @pytest.mark.parametrize("broken", ["target unmasked", "q unmasked", "no rollback"])
@@ -274,3 +277,54 @@ def test_the_stored_structured_output_run_holds_and_benchmarks_md_quotes_it():
     for row in (*lab.values(), *vllm.values()):
         assert f"{row['tokens_per_second']:.2f}" in section
     assert f"{lab['speculative, schema']['tokens_per_step']:.2f}" in section
+
+
+def _options_chain(tokenizer):
+    from specdec_lab.options import Chain
+    return Chain(Penalties(presence=0.5, frequency=0.3, repetition=1.2), grammar_processor(tokenizer), Logprobs(2))
+
+
+class FailsOnce(Processor):
+    """Raises from its commit the `at`-th time: a fault in the middle of a batched step's commits."""
+
+    def __init__(self, at):
+        self.at, self.calls = at, 0
+
+    def commit(self, committed, raw):
+        self.calls += 1
+        if self.calls == self.at:
+            raise RuntimeError("injected")
+
+
+def test_a_failed_batched_step_puts_every_rows_options_back(toy_pair, toy_tokenizer):
+    """The batched server's step is a transaction: a step that raises in the last row's commit, after the
+    rows before it committed (their grammar walked, their penalties counted, their logprobs recorded), leaves
+    every row's processor as it was; the rows then finish as a run with no fault does, token for token,
+    with one logprob per token."""
+    from specdec_lab.options import Chain
+    from specdec_lab.serve import BatchEngine, make_sequence
+    target, draft = toy_pair
+
+    def run(fault):
+        engine = BatchEngine(target, draft, num_blocks=64, block_size=4, max_seq_len=64)
+        procs = [_options_chain(toy_tokenizer) for _ in range(4)]
+        procs[-1] = Chain(procs[-1], FailsOnce(2 if fault else 0))
+        seqs = [make_sequence(PROMPT, MAX_NEW, temperature=0.9, seed=s, k=2, eos_ids=(EOS,), processor=p)
+                for s, p in enumerate(procs)]
+        engine.prefill(seqs)
+        faults = 0
+        while any(not s.finished for s in seqs):
+            try:
+                engine.step([s for s in seqs if not s.finished])
+            except RuntimeError:
+                faults += 1
+        return seqs, faults
+
+    clean, none = run(fault=False)
+    faulty, one = run(fault=True)
+    assert (none, one) == (0, 1)
+    for a, b in zip(clean, faulty):
+        assert a.output == b.output
+        entries = b.processor.find(Logprobs).entries
+        assert [e["token"] for e in entries][:len(b.output)] == b.output and len(entries) >= len(b.output)
+    assert all(s.output[0] == 3 for s in clean), "the grammar's first token, a '['"

@@ -82,5 +82,9 @@ class Chain(Processor):
             p.restore(m)
 
     def find(self, kind):
-        """The first processor of this class, or None."""
-        return next((p for p in self.processors if isinstance(p, kind)), None)
+        """The first processor of this class, in this chain or a chain inside it, or None."""
+        for p in self.processors:
+            found = p if isinstance(p, kind) else p.find(kind) if isinstance(p, Chain) else None
+            if found is not None:
+                return found
+        return None
