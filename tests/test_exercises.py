@@ -267,7 +267,67 @@ def step_by_pieces(target, cache, drafter, c, k, sampling, generator):
     return ids[:n].tolist() + [token], decision[1:2]
 
 
+def rows_one_mask(logits, drafted, allowed):
+    return torch.stack([row.masked_fill(~allowed([]), float("-inf")) for row in logits])
+
+
+def rows_shifted(logits, drafted, allowed):
+    return torch.stack([row.masked_fill(~allowed(list(drafted[:i + 1])), float("-inf")) for i, row in enumerate(logits)])
+
+
+def rows_bonus_unmasked(logits, drafted, allowed):
+    out = logits.clone()
+    for i in range(len(drafted)):  # the K draft rows only
+        out[i][~allowed(list(drafted[:i]))] = float("-inf")
+    return out
+
+
+def rows_zero(logits, drafted, allowed):
+    return torch.stack([torch.where(allowed(list(drafted[:i])), row, torch.zeros_like(row)) for i, row in enumerate(logits)])
+
+
+def rows_where(logits, drafted, allowed):
+    masks = torch.stack([allowed(list(drafted[:i])) for i in range(len(drafted) + 1)])
+    return torch.where(masks, logits, torch.full_like(logits, float("-inf")))
+
+
+def lookup_first(context, n, k):
+    for s in range(len(context) - n):
+        if context[s:s + n] == context[-n:]:
+            return context[s + n:s + n + k]
+    return []
+
+
+def lookup_self(context, n, k):
+    s = len(context) - n
+    return context[s + n:s + n + k]  # the tail itself: nothing after it
+
+
+def lookup_cut_short(context, n, k):
+    for s in range(len(context) - n - 1, -1, -1):
+        if context[s:s + n] == context[-n:]:
+            return context[s + n:s + n + k]
+    return []
+
+
+def lookup_growing(context, n, k):
+    seq = list(context)
+    for s in range(len(context) - n - 1, -1, -1):
+        if seq[s:s + n] == seq[len(context) - n:len(context)]:
+            for i in range(k):
+                seq.append(seq[s + n + i])
+            return seq[len(context):]
+    return []
+
+
 MISTAKES = SAMPLED_MISTAKES + [
+    ("grammar_rows", rows_one_mask, "one_mask_for_every_row"),
+    ("grammar_rows", rows_shifted, "mask_shifted_by_one"),
+    ("grammar_rows", rows_bonus_unmasked, "bonus_row_unmasked"),
+    ("grammar_rows", rows_zero, "zero_not_minus_inf"),
+    ("lookup", lookup_first, "first_occurrence"),
+    ("lookup", lookup_self, "matches_itself"),
+    ("lookup", lookup_cut_short, "stops_at_the_end"),
     ("verify_greedy", greedy_no_bonus, "no_bonus"),
     ("verify_greedy", greedy_next_row, "off_by_one"),
     ("verify_greedy", greedy_counts_all, "no_stop_at_mismatch"),
@@ -306,6 +366,8 @@ OTHER_WAYS = [
     ("expected_tokens", tokens_series),
     ("speedup", speedup_library),
     ("step", step_by_pieces),
+    ("grammar_rows", rows_where),
+    ("lookup", lookup_growing),
 ]
 
 
@@ -315,7 +377,7 @@ def _id(param):
 
 def test_names_cover_the_chapters_exercises():
     assert {"verify", "verify_greedy", "rollback", "verify_mask", "tree_mask", "expected_tokens", "speedup",
-            "block_verify", "step"} <= set(exercises.names())
+            "block_verify", "step", "lookup", "grammar_rows"} <= set(exercises.names())
 
 
 @pytest.mark.parametrize("name", exercises.names())

@@ -21,9 +21,11 @@ what that mistake does. Checks are seeded, so the same function always gets the 
   speedup          fn(alpha, k, c, v) -> float
   block_verify     fn(p, q, drafted, generator) -> (n, token)   block verification, checked by its law
   step             fn(target, cache, drafter, c, k, sampling, generator) -> (committed, next_c)
+  lookup           fn(context, n, k) -> list: prompt lookup's drafts
+  grammar_rows     fn(logits, drafted, allowed) -> (K+1, V): a grammar's mask on each verification row
 
 The modules: sampled.py (verify, block_verify, on laws.py's harness), positions.py (verify_greedy,
-rollback), masks.py, cost.py, step.py; report.py holds the report and the case-by-case grader.
+rollback), masks.py, cost.py, step.py, rows.py (lookup, grammar_rows); report.py holds the report and the case-by-case grader.
 """
 import os
 
@@ -32,12 +34,13 @@ import torch
 from .cost import EXPECTED_TOKENS, SPEEDUP
 from .masks import TREE_MASK, VERIFY_MASK
 from .positions import ROLLBACK, VERIFY_GREEDY
+from .rows import GRAMMAR_ROWS, LOOKUP
 from .report import Failure, NotWritten, Report
 from .sampled import BLOCK_VERIFY, VERIFY
 from .step import STEP
 
 EXERCISES = {e.name: e for e in (VERIFY, VERIFY_GREEDY, ROLLBACK, VERIFY_MASK, TREE_MASK, EXPECTED_TOKENS,
-                                 SPEEDUP, BLOCK_VERIFY, STEP)}
+                                 SPEEDUP, BLOCK_VERIFY, STEP, LOOKUP, GRAMMAR_ROWS)}
 
 
 def names() -> list:
