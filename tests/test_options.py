@@ -163,13 +163,14 @@ class ForgetfulPenalties(Penalties):
         return self._apply(logits, [[] for _ in range(logits.shape[0])])
 
 
-def test_speculative_sampling_with_penalties_follows_penalised_sampling():
+@pytest.mark.parametrize("rule", ["device", "block", "match"])
+def test_speculative_sampling_with_penalties_follows_penalised_sampling(rule):
     """Over 16 tokens with EOS rare, so that answers run to 4 tokens and steps accept several drafts (the
-    draft is a copy of the target): the case where forgetting the drafts changes the law."""
+    draft is a copy of the target): the case where forgetting the drafts changes the law. Every rule."""
     target = tiny_model(5, vocab_size=16, eos_token_ids=(15,), std=STD)
     make = lambda: Penalties(presence=1.5, frequency=1.0, repetition=1.8)  # noqa: E731
     law = exact_law(target, make, max_new=4)
-    engine = engine_for((target, target))
+    engine = engine_for((target, target), rule)
     counts = {}
     proc = make()
     for seed in range(SAMPLES):
@@ -180,7 +181,7 @@ def test_speculative_sampling_with_penalties_follows_penalised_sampling():
     for seed in range(SAMPLES):
         out = tuple(engine.generate(PROMPT, max_new_tokens=4, temperature=1.0, seed=seed, processor=proc).tokens)
         broken[out] = broken.get(out, 0) + 1
-    assert pvalue(broken, law) < 1e-6, "penalties that forget the drafts must fail"
+    assert pvalue(broken, law) < 1e-4, "penalties that forget the drafts must fail"
 
 
 def test_bad_options_are_refused_with_the_parameter_named(toy_tokenizer):
