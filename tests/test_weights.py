@@ -161,3 +161,35 @@ def test_sharded_safetensors_load_straight_to_the_dtype(tmp_path, dtype):
         assert {v.dtype for v in sd.values()} == {dtype}
         for name, v in model.state_dict().items():
             assert torch.equal(sd[name], v.to(dtype)), name
+
+
+def test_the_layout_file_maps_the_same_weights_and_a_write_stays_in_the_process(tmp_path):
+    """write_layout stores a folder's weights in this project's layout; a float32 CPU load then maps it
+    (io/weights.py) and gives the same tensors as reading the Hugging Face files. The map is private:
+    a weight changed in place changes neither the file nor a second load. Another dtype reads the files."""
+    from specdec_lab.cpu.linear import release_pages
+    from specdec_lab.io.weights import LAYOUT, load_model, write_layout
+    model = project_model(tie=True)
+    folder = save_hf_folder(model, tmp_path / "tied")
+    read = load_model(folder)[0].state_dict()
+    write_layout(folder)
+    assert (folder / LAYOUT).exists() and not list(folder.glob("lab/*.partial")), "a partial file was left"
+    first, second = load_model(folder)[0], load_model(folder)[0]
+    for name, v in read.items():
+        assert torch.equal(first.state_dict()[name], v), f"{name}: the mapped layout holds other values"
+    with torch.no_grad():
+        first.head.weight.mul_(2)
+    release_pages(first.head.weight)  # a written page is the process's own: handing pages back loses nothing
+    assert torch.equal(first.head.weight, 2 * read["head.weight"]), "a write was lost"
+    assert torch.equal(second.head.weight, read["head.weight"]), "a write reached another load"
+    assert torch.equal(load_model(folder)[0].head.weight, read["head.weight"]), "a write reached the file"
+    half = load_model(folder, dtype=torch.bfloat16)[0]
+    assert half.head.weight.dtype == torch.bfloat16 and torch.equal(half.head.weight, read["head.weight"].bfloat16())
+
+
+def test_release_pages_leaves_memory_that_no_file_backs():
+    """Only a file's pages go back (they can be read again); the process's own memory is never advised."""
+    from specdec_lab.cpu.linear import release_pages
+    w = torch.randn(1024, 1024)
+    before = w.clone()
+    assert release_pages(w) == 0 and torch.equal(w, before)

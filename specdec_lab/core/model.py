@@ -39,6 +39,9 @@ class Linear(nn.Module):
         y = x @ self.weight
         return y + self.bias if self.bias is not None else y
 
+    def columns(self, idx):  # W's columns at idx, each a row (*idx.shape, in): a tied model's embeddings
+        return F.embedding(idx, self.weight.t())
+
 
 class RMSNorm(nn.Module):
     def __init__(self, dim, eps):
@@ -179,7 +182,7 @@ class Transformer(nn.Module):
 
     def embed_tokens(self, tokens):
         if self.embed is None:
-            return F.embedding(tokens, self.head.weight.t())  # (B, T, dim): columns of the head
+            return self.head.columns(tokens)  # (B, T, dim): columns of the head (a fast twin reads its panels)
         return self.embed(tokens)
 
     def forward(self, tokens, input_pos=None, cache=None, mask=None, last_only=False):

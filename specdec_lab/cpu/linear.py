@@ -8,7 +8,15 @@ bfloat16 products go through a oneDNN copy of W prepacked once into its blocked 
 torch has it. `FastRMSNorm` normalises a few rows in one call. Each copy of W is built on first
 use and rebuilt whenever W changes; a float32 weight has one copy, the panels. Neither copy has a
 backward, so a weight being trained takes the plain product.
+
+A weight the loader mapped from a file (io/weights.py, the lab's layout of the default target) is
+read once, to build its panels, and its pages are then handed back (`release_pages`): the panels are
+the only copy that stays in memory, and W stays on disk for whatever reads it later (an export, a
+training step, the plain product). A tied model's embeddings are read from the head's panels too.
 """
+import ctypes
+import mmap
+
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
@@ -42,7 +50,43 @@ def panel_weight(linear: Linear, dtype=torch.float32) -> torch.Tensor:
     cached = copies.get(dtype)
     if cached is None or cached[0] != key:
         cached = copies[dtype] = (key, kernels.pack(w, dtype))
+        release_pages(w)
     return cached[1]
+
+
+MADV_PAGEOUT = 21  # Linux 5.4: reclaim the range's pages (a file's clean pages are dropped, never lost)
+
+
+def _file_mapped(start: int, end: int) -> bool:
+    """Whether [start, end) lies inside one mapping of a regular file (/proc/self/maps)."""
+    try:
+        lines = open("/proc/self/maps").read().splitlines()
+    except OSError:
+        return False
+    for line in lines:
+        fields = line.split(maxsplit=5)
+        lo, hi = (int(a, 16) for a in fields[0].split("-"))
+        if lo <= start and end <= hi:
+            return len(fields) == 6 and fields[5].startswith("/") and not fields[5].startswith("/dev/")
+    return False
+
+
+def release_pages(w: torch.Tensor) -> int:
+    """Hand back the resident pages of a CPU tensor that a file mapping backs (madvise MADV_PAGEOUT on
+    the whole pages inside it): the process's memory drops by them, and a later read brings them back
+    from the file. Memory of the process's own (not from a file) is never touched. Returns the bytes
+    advised, 0 where nothing applies (another system, a tensor in memory). Pages written to since the
+    mapping are the process's own: the kernel keeps them (or swaps them), so nothing is ever lost."""
+    if w.device.type != "cpu" or not w.is_contiguous():
+        return 0
+    page = mmap.PAGESIZE
+    start = -(-w.data_ptr() // page) * page
+    end = (w.data_ptr() + w.numel() * w.element_size()) // page * page
+    if end <= start or not _file_mapped(start, end):
+        return 0
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    return end - start if libc.madvise(start, end - start, MADV_PAGEOUT) == 0 else 0
 
 
 def uses_kernels(x: torch.Tensor, w: torch.Tensor, max_rows=kernels.MAX_ROWS) -> bool:
@@ -91,6 +135,16 @@ class FastLinear(Linear):
             bias = None if self.bias is None else self.bias.detach()
             return _MKLDNN._linear_pointwise(x, self.packed_weight(), bias, "none", [None], "")
         return super().forward(x)
+
+    def columns(self, idx):
+        """Linear.columns from the float32 panels, where the product reads them: column n of W is lane
+        n % PW of panel n // PW. The same values as W's, without a read of W."""
+        w = self.weight
+        if not uses_kernels(w[:1], w, max_rows=None):
+            return super().columns(idx)
+        panels = panel_weight(self)  # (ceil(N / PW), K, PW)
+        pw = panels.shape[2]
+        return panels[idx // pw, :, idx % pw]  # (*idx.shape, K)
 
 
 class FastRMSNorm(RMSNorm):

