@@ -79,6 +79,27 @@ def test_allocator_detects_double_free_and_frees_nothing_then():
     assert alloc.num_free == 4
 
 
+def test_a_shared_block_returns_to_the_pool_when_its_last_holder_frees_it():
+    alloc = BlockAllocator(4)
+    a, b = alloc.allocate(2)
+    alloc.share([a])
+    alloc.share([a])
+    assert (alloc.refs(a), alloc.refs(b)) == (3, 1)
+    alloc.free([a, b])
+    assert (alloc.refs(a), alloc.num_used) == (2, 1), "a block another holder has went back to the pool"
+    alloc.free([a])
+    alloc.free([a])
+    assert (alloc.refs(a), alloc.num_free) == (0, 4)
+    with pytest.raises(ValueError, match="double free"):
+        alloc.free([a])
+    with pytest.raises(ValueError, match="cannot share.*already free"):
+        alloc.share([a])
+    c = alloc.allocate(1)[0]
+    with pytest.raises(ValueError, match="listed twice"):
+        alloc.share([c, c])
+    assert alloc.refs(c) == 1, "a rejected share changed a count"
+
+
 @pytest.mark.parametrize("bad", [0, -1, 2.0, "3"])
 def test_allocator_rejects_bad_num_blocks(bad):
     with pytest.raises(ValueError, match="num_blocks"):

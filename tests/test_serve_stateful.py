@@ -1,10 +1,12 @@
-"""A server driven through random programs (hypothesis's stateful testing): submits, cancels, steps,
-one-shot faults in the verifier, the target's and the draft's forwards, requests that fail every
+"""A server driven through random programs (hypothesis's stateful testing): submits (the same prompt
+several times too, whose sequences share its blocks), cancels, steps, one-shot faults in the verifier, the target's and the draft's forwards, requests that fail every
 step, callbacks that raise or re-enter the server, and streams abandoned midway. After every
 action: each request that completed equals its fault-free reference, and each that ended early
-holds a prefix of it; only the requests that were meant to fail fail; the pool is empty when the
-server is idle. At the end, nothing waits or runs: no request is lost or hangs. Seeded
+holds a prefix of it; only the requests that were meant to fail fail; every block has as many
+holders as block tables that list it, and the pool is empty when the server is idle. At the end, nothing waits or runs: no request is lost or hangs. Seeded
 (derandomize), so a failure reproduces."""
+from collections import Counter
+
 import torch
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -18,7 +20,7 @@ from test_serve_faults import Countdown, FaultRunner
 SETTINGS = dict(max_batch=3, block_size=4, max_seq_len=96, k=2)
 REF = Server(sl.tiny_model(0), sl.tiny_model(1, n_layers=1), **SETTINGS)  # fault-free, one request at a time
 _references = {}
-SEEN = {"step errors": 0, "failed alone": 0, "cancelled by a closed stream": 0, "failed by a callback": 0,
+SEEN = {"a block shared": 0, "step errors": 0, "failed alone": 0, "cancelled by a closed stream": 0, "failed by a callback": 0,
         "finished": 0}  # what the programs exercised, over all of them
 FAR = 59  # a position only the requests meant to fail reach: the target's runner fails any forward there
 
@@ -75,6 +77,14 @@ class ServerPrograms(RuleBasedStateMachine):
         h = self.server.submit(prompt, max_new_tokens=n, temperature=temperature, seed=seed, k=k,
                                on_step=self._callback(kind))
         self.requests.append((h, reference(prompt, n, temperature, seed, k), kind))
+
+    @rule(prompt=st.lists(st.integers(1, 60), min_size=2, max_size=14), copies=st.integers(2, 3),
+          n=st.integers(1, 8), seed=st.integers(0, 3))
+    def submit_the_same_prompt_several_times(self, prompt, copies, n, seed):
+        """The n answers to one request: admitted together, they share their prompt's blocks."""
+        for i in range(copies):
+            h = self.server.submit(prompt, max_new_tokens=n, temperature=0.8, seed=seed + i)
+            self.requests.append((h, reference(prompt, n, 0.8, seed + i, None), "plain"))
 
     @rule(prompt=prompts)
     def submit_a_request_that_fails_every_step(self, prompt):
@@ -139,6 +149,13 @@ class ServerPrograms(RuleBasedStateMachine):
         eng = self.server.engine
         if self.server.idle:
             assert (eng.target_kv.used_blocks, eng.draft_kv.used_blocks) == (0, 0)
+
+    @invariant()
+    def every_block_has_as_many_holders_as_tables_that_list_it(self):
+        for kv in (self.server.engine.target_kv, self.server.engine.draft_kv):
+            held = Counter(b for table in kv.tables.values() for b in table)
+            assert kv.used_blocks == len(held) and all(kv.allocator.refs(b) == n for b, n in held.items())
+            SEEN["a block shared"] += any(n > 1 for n in held.values())
 
     def teardown(self):
         for _ in range(400):

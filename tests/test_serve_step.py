@@ -319,3 +319,59 @@ def test_bad_views_are_refused(seqs, real, name):
     kv.add(0)
     with pytest.raises(ValueError, match=name):
         kv.view(seqs, real)
+
+
+def _answers(target, draft, prompt, n, together, block_size=4):
+    """n answers to one prompt (answer i seeded with i), prefilled in one call (together) or one by one;
+    the outputs, the target's blocks in use after the prefill, and the two pools' blocks at the end."""
+    engine = BatchEngine(target, draft, kv="paged", num_blocks=64, block_size=block_size, max_seq_len=128)
+    seqs = [make_sequence(prompt, 14, temperature=1.0, seed=i, k=3) for i in range(n)]
+    if together:
+        engine.prefill(seqs)
+    else:
+        for s in seqs:
+            engine.prefill([s])
+    after_prefill = engine.target_kv.used_blocks
+    while not all(s.finished for s in seqs):
+        engine.step([s for s in seqs if not s.finished])
+    keys = [engine.target_kv.row_keys(s.seq_id, 1) for s in seqs]
+    return [s.output for s in seqs], after_prefill, keys, engine
+
+
+def test_the_n_answers_to_one_prompt_share_its_blocks_and_answer_as_if_alone(small_pair, monkeypatch):
+    """Sequences prefilled together with the same context read it once: the first reads it, the others
+    share its blocks (one more holder each), and a block is copied when a sequence first writes into
+    one another holds. Each answer and each row's keys are what they are when every answer reads the
+    prompt alone; without the copy on write the answers write into each other's blocks and change."""
+    target, draft = small_pair
+    prompt = [1, 2, 3, 4, 0, 1, 2, 3, 4, 0, 1]  # 10 positions read: two full blocks of 4 and a partial one
+    alone, blocks_alone, keys_alone, _ = _answers(target, draft, prompt, 3, together=False)
+    shared, blocks_shared, keys_shared, engine = _answers(target, draft, prompt, 3, together=True)
+    assert (blocks_alone, blocks_shared) == (9, 3), "the prompt's blocks were not shared"
+    assert shared == alone, "an answer that shared its prompt's blocks differs from the one that read it alone"
+    for a, b in zip(keys_shared, keys_alone):
+        assert torch.equal(a, b), "a row's keys differ from those it has when it reads the prompt alone"
+    assert len(set(map(tuple, alone))) > 1, "the answers are all the same: the test cannot tell them apart"
+    for kv in (engine.target_kv, engine.draft_kv):
+        held = [b for s in kv.tables for b in kv.tables[s]]
+        assert all(kv.allocator.refs(b) == held.count(b) for b in set(held)), "a count disagrees with the tables"
+    from specdec_lab.serve.kv import PagedBatchKV
+    monkeypatch.setattr(PagedBatchKV, "_shared_from", lambda self, seq, start: [])  # no copy on write
+    broken, _, _, _ = _answers(target, draft, prompt, 3, together=True)
+    assert broken != alone, "writing into a shared block went unnoticed"
+
+
+def test_a_forked_row_equals_the_padded_twins_copy():
+    """fork on the paged pool (shared blocks) and on the padded twin (a copied row) give the same keys."""
+    target, draft = _pair()
+    keys = {}
+    for kv in ("paged", "padded"):
+        engine = BatchEngine(target, draft, kv=kv, num_blocks=64, block_size=4, max_rows=8, max_seq_len=128)
+        seqs = [make_sequence(PROMPTS[2], 10, temperature=0.8, seed=i, k=2) for i in range(3)]
+        engine.prefill(seqs)
+        for _ in range(3):
+            engine.step(seqs)
+        keys[kv] = [engine.target_kv.row_keys(s.seq_id, 0) for s in seqs] + [[s.output for s in seqs]]
+    assert keys["paged"][-1] == keys["padded"][-1]
+    for a, b in zip(keys["paged"][:-1], keys["padded"][:-1]):
+        assert torch.equal(a, b)

@@ -102,7 +102,12 @@ def test_n_answers_with_a_seed_repeat_and_differ_from_each_other(served):
     client = running.client()
     args = dict(model=MODEL, messages=[{"role": "user", "content": "Invent a name for a cat."}], max_tokens=16,
                 temperature=1.0, n=3, seed=7, presence_penalty=0.5)
+    engine = running.service.server.engine
+    read, shared = engine.positions_read, engine.positions_shared
     first = [c.message.content for c in client.chat.completions.create(**args).choices]
+    prompt = len(_ids(served[1], args["messages"])) - 1  # the positions prefill reads (the last one is pending)
+    assert (engine.positions_read - read, engine.positions_shared - shared) == (prompt, 2 * prompt), \
+        "the three answers did not read their prompt once and share its blocks"
     again = [c.message.content for c in client.chat.completions.create(**args).choices]
     assert first == again and len(first) == 3
     assert len(set(first)) > 1, "three answers from three generators"

@@ -120,6 +120,8 @@ class BatchEngine:
         self.target_kv = make(target)
         self.draft_kv = make(draft) if draft is not None else None
         self._next_id = 0
+        self.positions_read = 0  # context positions prefill ran through the target
+        self.positions_shared = 0  # context positions a sequence took from another's blocks instead
 
     @property
     def device(self):
@@ -130,26 +132,36 @@ class BatchEngine:
     @torch.inference_mode()
     def prefill(self, seqs):
         """Give each sequence caches and read its context (prompt, and what it generated before a
-        preemption) but the last token, which stays pending for the target and the draft."""
-        ctx = []
+        preemption) but the last token, which stays pending for the target and the draft. Sequences
+        with the same context (the n answers to one request) read it once: the first reads it and the
+        others share its blocks (kv.fork; a block is copied when one of them first writes into it)."""
+        ctx, first = [], {}
         for s in seqs:
             s.seq_id, self._next_id = self._next_id, self._next_id + 1
             ctx.append(torch.tensor(s.context, device=self.device))  # the context's one copy to the device
             s.c, s.pending = ctx[-1][-1:], ctx[-1][-1:]
-        rows = [(s, x[:-1]) for s, x in zip(seqs, ctx) if len(x) > 1]
+            first.setdefault(tuple(s.context), s)
+        lead = [first[tuple(s.context)] for s in seqs]  # who reads each sequence's context
+        leads = [s for s, by in zip(seqs, lead) if by is s]
+        rows = [(s, x[:-1]) for s, x, by in zip(seqs, ctx, lead) if len(x) > 1 and by is s]
         real = [len(x) for _, x in rows]
         try:
             for model, kv in ((self.target, self.target_kv), (self.draft, self.draft_kv)):
                 if model is None:
                     continue
-                for s in seqs:
+                for s in leads:
                     kv.add(s.seq_id)
                 if rows:
                     tokens = torch.stack([F.pad(x, (0, max(real) - len(x))) for _, x in rows])  # (B, T)
                     hidden(model, kv.view([s.seq_id for s, _ in rows], real), tokens)  # the states are not needed
+                for s, by in zip(seqs, lead):
+                    if by is not s:
+                        kv.fork(by.seq_id, s.seq_id)
         except Exception:
             self.release(seqs)
             raise
+        self.positions_read += sum(real)
+        self.positions_shared += sum(len(x) - 1 for s, x, by in zip(seqs, ctx, lead) if by is not s)
 
     def release(self, seqs):
         """Free every block the sequences hold (they may be prefilled again later)."""

@@ -18,7 +18,9 @@ mask hides everything after a query. `advance(T)` commits real_b positions per r
 2309.06180): one block table per sequence, blocks from paged.BlockAllocator, a sequence holds
 ceil(length / P) blocks after every forward and rollback, and padded slots are written into a
 scratch block that no sequence owns. Attention gathers each row's keys through its table in
-one index op per layer. `PaddedBatchKV` is the readable twin: one contiguous row of a
+one index op per layer. Sequences with the same context (the n answers to one request) share its
+blocks: `fork` gives a new sequence another's table, each block with one more holder, and a
+sequence about to write into a block another one holds copies it first (copy on write). `PaddedBatchKV` is the readable twin: one contiguous row of a
 (L, R, Hkv, S, D) tensor per sequence, written and read with a loop over rows. The tests
 hold the two equal.
 
@@ -65,6 +67,13 @@ class _BatchKV:
         if isinstance(length, bool) or not isinstance(length, int) or not 0 <= length <= self.lengths[seq]:
             raise ValueError(f"length must be an int in [0, {self.lengths[seq]}] for seq {seq}, got {length!r}")
         self.lengths[seq] = length
+
+    def fork(self, src: int, dst: int):
+        """A new sequence `dst` holding what `src` holds (its length and its keys and values)."""
+        self._check_seq(src)
+        self.add(dst)
+        self.lengths[dst] = self.lengths[src]
+        self._copy(src, dst)
 
     def row(self, seq: int) -> "RowCache":
         """Sequence `seq` as a one-sequence cache (length, rollback), for core's rollback helpers."""
@@ -186,7 +195,10 @@ class PagedBatchKV(_BatchKV):
         return self.allocator.num_used
 
     def blocks_to_grow(self, seq: int, new_tokens: int) -> int:
-        """Blocks `seq` must gain to hold `new_tokens` more positions."""
+        """Blocks `seq` must gain to hold `new_tokens` more positions (its copies of shared blocks included)."""
+        return self._growth(seq, new_tokens) + len(self._shared_from(seq, self.lengths[seq]))
+
+    def _growth(self, seq, new_tokens):
         return max(0, blocks_for(self.lengths[seq] + new_tokens, self.block_size) - len(self.tables[seq]))
 
     def add(self, seq: int):
@@ -210,6 +222,18 @@ class PagedBatchKV(_BatchKV):
         table, keep = self.tables[seq], blocks_for(self.lengths[seq], self.block_size)
         self.allocator.free(table[keep:])
         del table[keep:]
+
+    def _copy(self, src, dst):
+        """dst shares src's blocks: the same table, one more holder for each block."""
+        self.allocator.share(self.tables[src])
+        self.tables[dst] = list(self.tables[src])
+        self._rows[dst].copy_(self._rows[src])
+
+    def _shared_from(self, seq, start):
+        """Indices in seq's table of the blocks it would write from position `start` on that
+        another sequence also holds."""
+        table = self.tables[seq]
+        return [j for j in range(start // self.block_size, len(table)) if self.allocator.refs(table[j]) > 1]
 
     def _reserve(self, view):
         """Allocate every row's blocks for its real tokens (all rows or none), then the forward's
@@ -236,11 +260,19 @@ class PagedBatchKV(_BatchKV):
             if L + r > self.max_seq_len:
                 raise CacheOverflowError(f"cache overflow: seq {s} length {L} + {r} new positions > "
                                          f"max_seq_len {self.max_seq_len}")
-        need = [self.blocks_to_grow(s, r) for s, r in zip(view.seqs, view.real)]
-        if sum(need) > self.allocator.num_free:
-            raise PoolExhaustedError(f"block pool exhausted: the forward needs {sum(need)} new blocks, "
-                                     f"{self.allocator.num_free} of {self.num_blocks} free")
+        need = [self._growth(s, r) for s, r in zip(view.seqs, view.real)]
+        shared = [self._shared_from(s, L) for s, L in zip(view.seqs, view.starts)]
+        if sum(need) + sum(map(len, shared)) > self.allocator.num_free:
+            raise PoolExhaustedError(f"block pool exhausted: the forward needs {sum(need) + sum(map(len, shared))} "
+                                     f"new blocks, {self.allocator.num_free} of {self.num_blocks} free")
         stride = self.n_kv_heads * P  # pool rows per block
+        for s, js in zip(view.seqs, shared):  # copy on write: a block another sequence holds is copied first
+            table = self.tables[s]
+            for j, b in zip(js, self.allocator.allocate(len(js))):
+                self.k[:, b], self.v[:, b] = self.k[:, table[j]], self.v[:, table[j]]
+                self.allocator.free([table[j]])
+                self._rows[s][:, j * P:(j + 1) * P] = self._block0 + b * stride
+                table[j] = b
         for s, n in zip(view.seqs, need):
             table = self.tables[s]
             for b in self.allocator.allocate(n):
@@ -291,6 +323,11 @@ class PaddedBatchKV(_BatchKV):
         self._check_seq(seq)
         self._free.append(self.slots.pop(seq))
         del self.lengths[seq]
+
+    def _copy(self, src, dst):
+        """dst's row becomes a copy of src's (this twin shares nothing)."""
+        n, a, b = self.lengths[src], self.slots[src], self.slots[dst]
+        self.k[:, b, :, :n], self.v[:, b, :, :n] = self.k[:, a, :, :n], self.v[:, a, :, :n]
 
     def _reserve(self, view):
         self._allocate(view)

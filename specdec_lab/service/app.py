@@ -170,28 +170,29 @@ async def _read_json(request, limit):
 async def _generate(service, request, chat):
     body = await _read_json(request, service.body_limit)
     req = parse_request(body, chat, service.tokenizer, service.vocab_size, service.max_seq_len, service.model_name)
-    answers = []
-    try:
-        for index in range(req.n):  # n answers: n sequences, answer i seeded with seed + i
-            reply = _Reply(asyncio.get_running_loop())
-            answers.append(_Answer(service, req, await _submit(service, req, reply, index), reply))
-    except BaseException:
-        for answer in answers:
-            answer.cancel()
-        raise
+    replies = [_Reply(asyncio.get_running_loop()) for _ in range(req.n)]  # n answers: n sequences
+    handles = await _submit(service, req, replies)
+    answers = [_Answer(service, req, handle, reply) for handle, reply in zip(handles, replies)]
     if req.stream:
         return _Stream(_sse(service, req, answers), answers)
     return await _whole(service, request, req, answers)
 
 
-async def _submit(service, req, reply, index=0):
-    sampling = dict(req.sampling)
-    if index and sampling.get("seed") is not None:
-        sampling["seed"] = (sampling["seed"] + index + 2**63) % 2**64 - 2**63  # stays a signed 64-bit seed
-    future = service.engine.submit(req.ids, reply.on_tokens, reply.on_done, max_new_tokens=req.max_tokens,
-                                   **sampling, **req.options)
+async def _submit(service, req, replies):
+    """The request's n sequences, queued together (their prompt is read once); answer i is seeded with
+    seed + i. Returns their handles."""
+    requests = []
+    for index, reply in enumerate(replies):
+        sampling = dict(req.sampling, max_new_tokens=req.max_tokens, **req.options)
+        if index and sampling.get("seed") is not None:
+            sampling["seed"] = (sampling["seed"] + index + 2**63) % 2**64 - 2**63  # stays a signed 64-bit seed
+        requests.append((req.ids, reply.on_tokens, reply.on_done, sampling))
+    future = service.engine.submit_all(requests)
     try:
         return await asyncio.wrap_future(future)
+    except asyncio.CancelledError:  # the client left while the requests were queued: cancel them once they are
+        future.add_done_callback(lambda f: f.cancelled() or f.exception() or [service.engine.cancel(h) for h in f.result()])
+        raise
     except Busy as err:
         raise ApiError(429, str(err), code="too_many_requests", kind="rate_limit_error") from None
     except Closed as err:

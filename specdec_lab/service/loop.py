@@ -57,6 +57,12 @@ class EngineLoop:
         """A Future of the Handle; its exception is ValueError (bad input, from Server.submit), Busy or Closed."""
         return self._post(lambda: self._submit(ids, on_tokens, on_done, sampling))
 
+    def submit_all(self, requests) -> Future:
+        """submit for several requests, (ids, on_tokens, on_done, sampling) each, in one job, so that they
+        queue together (the n answers to one request: admitted in one step, their prompt is read once).
+        A Future of the Handles; when one is refused, the ones queued before it are cancelled."""
+        return self._post(lambda: self._submit_all(requests))
+
     def cancel(self, handle, reason="abort") -> Future:
         """Cancel a request (its blocks return at once, between steps); does not wait. `reason`: what the
         metrics count it as ("stop" when the answer met a stop string, else "abort")."""
@@ -124,6 +130,17 @@ class EngineLoop:
         handle = self.server.submit(ids, on_step=self._hook(on_tokens), **sampling)
         self._watched[handle] = on_done
         return handle
+
+    def _submit_all(self, requests):
+        handles = []
+        try:
+            for ids, on_tokens, on_done, sampling in requests:
+                handles.append(self._submit(ids, on_tokens, on_done, sampling))
+        except BaseException:
+            for handle in handles:
+                self._cancel(handle, "abort")
+            raise
+        return handles
 
     def _hook(self, on_tokens):
         metrics = self.metrics
