@@ -12,6 +12,8 @@ mistakes are the ones lab/pitfalls.py and docs/design.md list: each has a candid
 makes it, and the one that reproduces the learner's answers is named), and the report's hint says
 what that mistake does. Checks are seeded, so the same function always gets the same report.
 
+  decode_ceiling   fn(n_params, bytes_per_param, context, kv_bytes_per_position, bandwidth) -> float:
+                   batch-1 decoding's tokens/s ceiling when every token streams the weights and the cache
   verify           fn(p, q, drafted, generator) -> (n, token)   token-by-token rule, checked by its law
   verify_greedy    fn(target_logits, drafted) -> (n, token)      the greedy rule
   rollback         fn(target_len, draft_len, k, n) -> (new_target_len, new_draft_len, draft_pending)
@@ -22,25 +24,36 @@ what that mistake does. Checks are seeded, so the same function always gets the 
   block_verify     fn(p, q, drafted, generator) -> (n, token)   block verification, checked by its law
   step             fn(target, cache, drafter, c, k, sampling, generator) -> (committed, next_c)
   lookup           fn(context, n, k) -> list: prompt lookup's drafts
+  acceptance_rate  fn(p, q) -> (T,): the chance a draft from q is accepted against p, per position
+  eagle_pairs      fn(tokens, states) -> (entry_tokens, entry_states, regress_to): a feature draft's entries
+  best_k           fn(alpha, c, v) -> int: the K the cost model says is fastest
+  blocks_to_take   fn(length, new_tokens, refs, block_size) -> int: blocks a paged sequence takes to write
   grammar_rows     fn(logits, drafted, allowed) -> (K+1, V): a grammar's mask on each verification row
 
 The modules: sampled.py (verify, block_verify, on laws.py's harness), positions.py (verify_greedy,
-rollback), masks.py, cost.py, step.py, rows.py (lookup, grammar_rows); report.py holds the report and the case-by-case grader.
+rollback), masks.py, cost.py, step.py, rows.py (lookup, grammar_rows), ceiling.py, training.py,
+features.py, choosing.py and blocks.py; report.py holds the report and the case-by-case grader.
 """
 import os
 
 import torch
 
+from .blocks import BLOCKS_TO_TAKE
+from .ceiling import DECODE_CEILING
+from .choosing import BEST_K
 from .cost import EXPECTED_TOKENS, SPEEDUP
+from .features import EAGLE_PAIRS
 from .masks import TREE_MASK, VERIFY_MASK
 from .positions import ROLLBACK, VERIFY_GREEDY
 from .rows import GRAMMAR_ROWS, LOOKUP
 from .report import Failure, NotWritten, Report
 from .sampled import BLOCK_VERIFY, VERIFY
 from .step import STEP
+from .training import ACCEPTANCE_RATE
 
-EXERCISES = {e.name: e for e in (VERIFY, VERIFY_GREEDY, ROLLBACK, VERIFY_MASK, TREE_MASK, EXPECTED_TOKENS,
-                                 SPEEDUP, BLOCK_VERIFY, STEP, LOOKUP, GRAMMAR_ROWS)}
+EXERCISES = {e.name: e for e in (DECODE_CEILING, VERIFY, VERIFY_GREEDY, ROLLBACK, VERIFY_MASK, TREE_MASK, EXPECTED_TOKENS,
+                                 SPEEDUP, BLOCK_VERIFY, STEP, LOOKUP, ACCEPTANCE_RATE, EAGLE_PAIRS, BEST_K,
+                                 BLOCKS_TO_TAKE, GRAMMAR_ROWS)}
 
 
 def names() -> list:
