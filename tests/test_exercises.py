@@ -378,7 +378,7 @@ def _id(param):
 def test_names_cover_the_chapters_exercises():
     assert {"verify", "verify_greedy", "rollback", "verify_mask", "tree_mask", "expected_tokens", "speedup",
             "block_verify", "step", "lookup", "grammar_rows", "decode_ceiling", "acceptance_rate", "eagle_pairs",
-            "best_k", "blocks_to_take"} <= set(exercises.names())
+            "best_k", "blocks_to_take", "step_fates"} <= set(exercises.names())
 
 
 @pytest.mark.parametrize("name", exercises.names())

@@ -29,10 +29,11 @@ what that mistake does. Checks are seeded, so the same function always gets the 
   best_k           fn(alpha, c, v) -> int: the K the cost model says is fastest
   blocks_to_take   fn(length, new_tokens, refs, block_size) -> int: blocks a paged sequence takes to write
   grammar_rows     fn(logits, drafted, allowed) -> (K+1, V): a grammar's mask on each verification row
+  step_fates       fn(drafted, num_accepted, next_token) -> [(fate, token)]: what the demo's strip shows for a step
 
 The modules: sampled.py (verify, block_verify, on laws.py's harness), positions.py (verify_greedy,
 rollback), masks.py, cost.py, step.py, rows.py (lookup, grammar_rows), ceiling.py, training.py,
-features.py, choosing.py and blocks.py; report.py holds the report and the case-by-case grader.
+features.py, choosing.py, blocks.py and fates.py; report.py holds the report and the case-by-case grader.
 """
 import os
 
@@ -42,6 +43,7 @@ from .blocks import BLOCKS_TO_TAKE
 from .ceiling import DECODE_CEILING
 from .choosing import BEST_K
 from .cost import EXPECTED_TOKENS, SPEEDUP
+from .fates import STEP_FATES
 from .features import EAGLE_PAIRS
 from .masks import TREE_MASK, VERIFY_MASK
 from .positions import ROLLBACK, VERIFY_GREEDY
@@ -53,7 +55,7 @@ from .training import ACCEPTANCE_RATE
 
 EXERCISES = {e.name: e for e in (DECODE_CEILING, VERIFY, VERIFY_GREEDY, ROLLBACK, VERIFY_MASK, TREE_MASK, EXPECTED_TOKENS,
                                  SPEEDUP, BLOCK_VERIFY, STEP, LOOKUP, ACCEPTANCE_RATE, EAGLE_PAIRS, BEST_K,
-                                 BLOCKS_TO_TAKE, GRAMMAR_ROWS)}
+                                 BLOCKS_TO_TAKE, GRAMMAR_ROWS, STEP_FATES)}
 
 
 def names() -> list:
