@@ -24,7 +24,7 @@ from specdec_lab.core.model import Linear, Transformer, apply_rope, init_weights
 from specdec_lab.cpu import accelerated
 from specdec_lab.cpu.linear import _PANELS, CAN_PACK_BF16, FastLinear
 from specdec_lab.core.text import encode_prompt
-from specdec_lab.io.weights import build_model, config_from_hf, from_hf_state_dict
+from specdec_lab.io.weights import LAYOUT, build_model, config_from_hf, from_hf_state_dict
 
 # Logits of the default target reach about 30 in magnitude; two float32 GEMMs that sum in a
 # different order (MKL's, oneDNN's packed one, transformers') differ by ~1e-4 there. A
@@ -377,8 +377,10 @@ def test_the_default_pair_and_its_fast_path_hold_one_copy_of_each_weight(default
     16 rows and decode), each float32 product of the target has one copy beside its weight, the panels:
     no oneDNN packed copy for the prefill, as there was. The target's weights themselves are mapped from
     its layout file, and once their panels are built their pages go back: the mapping keeps less than
-    8 MB resident (its tensors' edges and the norms). Reading a tied embedding from W instead of the
-    head's panels brought back tens of MB. In a fresh process, where nothing else (a self-draft's
+    8 MB resident (its tensors' edges and the norms), also while another process maps the same file
+    and reads all of it (as a second kernel of the lab does). Reading a tied embedding from W instead of
+    the head's panels brought back tens of MB, and handing the pages back with MADV_PAGEOUT alone kept
+    all 538 MB where another process mapped them. In a fresh process, where nothing else (a self-draft's
     rounded panels) has packed the same weights."""
     code = f"""
 import json, torch
@@ -400,8 +402,19 @@ mapped = [int(next(m for m in maps[i:] if m.startswith("Rss:")).split()[1]) * 10
 print(json.dumps([own, len(linears), sum(m._packed is not None for m in linears),
                   sorted({{str(d) for m in linears for d in _PANELS.get(m.weight, {{}})}}), mapped]))
 """
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    reader = f"""
+import sys, torch
+sd = torch.load({str(default_target_dir / LAYOUT)!r}, mmap=True, weights_only=True)
+print(sum(float(t.sum()) for t in sd.values()), flush=True)  # every page read, and kept mapped
+sys.stdin.read()
+"""
+    other = subprocess.Popen([sys.executable, "-c", reader], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        other.stdout.readline()
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                             env={**os.environ, "OMP_NUM_THREADS": "1"})
+    finally:
+        other.communicate("", timeout=60)
     assert out.returncode == 0, out.stderr[-2000:]
     own, n_linears, onednn, panel_dtypes, mapped = json.loads(out.stdout.strip().splitlines()[-1])
     assert mapped and sum(mapped) < 8e6, f"the target's mapped weights keep {sum(mapped) / 1e6:.1f} MB resident"

@@ -54,7 +54,7 @@ def panel_weight(linear: Linear, dtype=torch.float32) -> torch.Tensor:
     return cached[1]
 
 
-MADV_PAGEOUT = 21  # Linux 5.4: reclaim the range's pages (a file's clean pages are dropped, never lost)
+MADV_DONTNEED, MADV_PAGEOUT = 4, 21  # Linux's madvise advice values
 
 
 def _file_mapped(start: int, end: int) -> bool:
@@ -71,12 +71,30 @@ def _file_mapped(start: int, end: int) -> bool:
     return False
 
 
+def _all_pages_from_the_file(start: int, end: int) -> bool:
+    """Whether no page of [start, end) is the process's own (/proc/self/pagemap): each is either not
+    in memory or the file's (bit 61), none swapped out (bit 62). A page written to since the mapping
+    was made is a private copy, which dropping would lose."""
+    page = mmap.PAGESIZE
+    try:
+        with open("/proc/self/pagemap", "rb") as f:
+            f.seek(start // page * 8)
+            entries = torch.frombuffer(bytearray(f.read((end - start) // page * 8)), dtype=torch.int64)
+    except OSError:
+        return False
+    present, swapped = entries < 0, (entries & (1 << 62)) != 0  # bit 63 is the sign bit
+    own = present & ((entries & (1 << 61)) == 0)
+    return not bool((own | swapped).any())
+
+
 def release_pages(w: torch.Tensor) -> int:
-    """Hand back the resident pages of a CPU tensor that a file mapping backs (madvise MADV_PAGEOUT on
-    the whole pages inside it): the process's memory drops by them, and a later read brings them back
-    from the file. Memory of the process's own (not from a file) is never touched. Returns the bytes
-    advised, 0 where nothing applies (another system, a tensor in memory). Pages written to since the
-    mapping are the process's own: the kernel keeps them (or swaps them), so nothing is ever lost."""
+    """Hand back the resident pages of a CPU tensor that a file mapping backs: the process's memory
+    drops by them, and a later read brings them back from the file. Where every page is still the
+    file's, madvise(MADV_DONTNEED) drops them from this process even when another process maps the
+    same file (two kernels of the lab); a page written to is the process's own, and then the whole
+    range only gets MADV_PAGEOUT, which never loses a page (the kernel keeps or swaps it). Memory that
+    no file backs is never touched. Returns the bytes advised, 0 where nothing applies (another
+    system, a tensor in memory)."""
     if w.device.type != "cpu" or not w.is_contiguous():
         return 0
     page = mmap.PAGESIZE
@@ -84,9 +102,10 @@ def release_pages(w: torch.Tensor) -> int:
     end = (w.data_ptr() + w.numel() * w.element_size()) // page * page
     if end <= start or not _file_mapped(start, end):
         return 0
+    advice = MADV_DONTNEED if _all_pages_from_the_file(start, end) else MADV_PAGEOUT
     libc = ctypes.CDLL(None, use_errno=True)
     libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    return end - start if libc.madvise(start, end - start, MADV_PAGEOUT) == 0 else 0
+    return end - start if libc.madvise(start, end - start, advice) == 0 else 0
 
 
 def uses_kernels(x: torch.Tensor, w: torch.Tensor, max_rows=kernels.MAX_ROWS) -> bool:
