@@ -74,8 +74,9 @@ def main():
                           "mapped_resident_bytes": v["mapped_resident_bytes"]} for k, v in stages.items()}}
     Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
     engine = stages["engine"]["VmHWM"]
+    added = stages["server"]["VmRSS"] - stages["engine"]["VmRSS"]
     print(f"the pair's weights: {weights / 1e6:.0f} MB; the pair and one engine peaked at {engine / 1e6:.0f} MB "
-          f"({engine / weights:.2f}x the weights); the server added {(stages['server']['VmRSS'] - stages['engine']['VmRSS']) / 1e6:.0f} MB "
+          f"({engine / weights:.2f}x the weights); the server added {added / 1e6:.0f} MB "
           f"to an engine, its KV pools {stages['server']['pool_bytes'] / 1e6:.0f} MB; stored {args.out}")
 
 

@@ -1,10 +1,11 @@
-"""A server driven through random programs (hypothesis's stateful testing): submits (the same prompt
-several times too, whose sequences share its blocks), cancels, steps, one-shot faults in the verifier, the target's and the draft's forwards, requests that fail every
-step, callbacks that raise or re-enter the server, and streams abandoned midway. After every
-action: each request that completed equals its fault-free reference, and each that ended early
-holds a prefix of it; only the requests that were meant to fail fail; every block has as many
-holders as block tables that list it, and the pool is empty when the server is idle. At the end, nothing waits or runs: no request is lost or hangs. Seeded
-(derandomize), so a failure reproduces."""
+"""A server driven through random programs (hypothesis's stateful testing): submits (the same
+prompt several times too, whose sequences share its blocks), cancels, steps, one-shot faults in the
+verifier, the target's and the draft's forwards, requests that fail every step, callbacks that raise
+or re-enter the server, and streams abandoned midway. After every action: each request that
+completed equals its fault-free reference, and each that ended early holds a prefix of it; only the
+requests that were meant to fail fail; every block has as many holders as block tables that list
+it, and the pool is empty when the server is idle. At the end, nothing waits or runs: no request is
+lost or hangs. Seeded (derandomize), so a failure reproduces."""
 from collections import Counter
 
 import torch
@@ -20,8 +21,8 @@ from test_serve_faults import Countdown, FaultRunner
 SETTINGS = dict(max_batch=3, block_size=4, max_seq_len=96, k=2)
 REF = Server(sl.tiny_model(0), sl.tiny_model(1, n_layers=1), **SETTINGS)  # fault-free, one request at a time
 _references = {}
-SEEN = {"a block shared": 0, "step errors": 0, "failed alone": 0, "cancelled by a closed stream": 0, "failed by a callback": 0,
-        "finished": 0}  # what the programs exercised, over all of them
+SEEN = {"a block shared": 0, "step errors": 0, "failed alone": 0, "cancelled by a closed stream": 0,
+        "failed by a callback": 0, "finished": 0}  # what the programs exercised, over all of them
 FAR = 59  # a position only the requests meant to fail reach: the target's runner fails any forward there
 
 

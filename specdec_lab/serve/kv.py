@@ -20,8 +20,8 @@ ceil(length / P) blocks after every forward and rollback, and padded slots are w
 scratch block that no sequence owns. Attention gathers each row's keys through its table in
 one index op per layer. Sequences with the same context (the n answers to one request) share its
 blocks: `fork` gives a new sequence another's table, each block with one more holder, and a
-sequence about to write into a block another one holds copies it first (copy on write). `PaddedBatchKV` is the readable twin: one contiguous row of a
-(L, R, Hkv, S, D) tensor per sequence, written and read with a loop over rows. The tests
+sequence about to write into a block another one holds copies it first (copy on write).
+`PaddedBatchKV` is the readable twin: one contiguous row of a (L, R, Hkv, S, D) tensor per sequence, written and read with a loop over rows. The tests
 hold the two equal.
 
 Shape letters: B rows in the forward, T new tokens per row, S keys per row (padded),

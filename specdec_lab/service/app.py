@@ -191,7 +191,11 @@ async def _submit(service, req, replies):
     try:
         return await asyncio.wrap_future(future)
     except asyncio.CancelledError:  # the client left while the requests were queued: cancel them once they are
-        future.add_done_callback(lambda f: f.cancelled() or f.exception() or [service.engine.cancel(h) for h in f.result()])
+        def cancel_queued(f):
+            if not f.cancelled() and f.exception() is None:
+                for handle in f.result():
+                    service.engine.cancel(handle)
+        future.add_done_callback(cancel_queued)
         raise
     except Busy as err:
         raise ApiError(429, str(err), code="too_many_requests", kind="rate_limit_error") from None
