@@ -381,6 +381,13 @@ def test_names_cover_the_chapters_exercises():
             "best_k", "blocks_to_take", "step_fates"} <= set(exercises.names())
 
 
+def assert_diagnosed(report, diagnosis):
+    """A failed check that names `diagnosis`, its hint shown in the text and the diagnosis in the HTML box."""
+    assert not report.passed, f"{report.exercise}: the {diagnosis} variant passed: {report!r}"
+    assert report.diagnosis == diagnosis, f"{report.exercise}: expected {diagnosis}, got {report!r}"
+    assert report.hint and report.hint in repr(report) and diagnosis in report._repr_html_()
+
+
 @pytest.mark.parametrize("name", exercises.names())
 def test_the_reference_solution_passes(name):
     report = exercises.check(name, exercises.solution(name))
@@ -391,9 +398,7 @@ def test_the_reference_solution_passes(name):
 @pytest.mark.parametrize("name, fn, diagnosis", MISTAKES, ids=[f"{m[0]}-{m[2]}-{i}" for i, m in enumerate(MISTAKES)])
 def test_each_mistake_fails_with_its_own_diagnosis(name, fn, diagnosis):
     report = exercises.check(name, fn)
-    assert not report.passed, f"{name}: the {diagnosis} variant passed: {report!r}"
-    assert report.diagnosis == diagnosis, f"{name}: expected {diagnosis}, got {report!r}"
-    assert report.hint and report.hint in repr(report) and diagnosis in report._repr_html_()
+    assert_diagnosed(report, diagnosis)
 
 
 @pytest.mark.parametrize("name, fn", OTHER_WAYS, ids=[f"{n}-{_id(f)}" for n, f in OTHER_WAYS])

@@ -11,6 +11,7 @@ from specdec_lab.core.config import ModelConfig
 from specdec_lab.lab import exercises
 from specdec_lab.lab.exercises.blocks import BLOCKS_CASES, BLOCKS_MISTAKES
 from specdec_lab.serve import PagedBatchKV
+from test_exercises import assert_diagnosed
 
 NAME = "blocks_to_take"
 reference = exercises.solution(NAME)
@@ -73,9 +74,7 @@ def test_the_reference_passes():
 @pytest.mark.parametrize("fn, diagnosis", MISTAKES, ids=[d for _, d in MISTAKES])
 def test_each_mistake_fails_with_its_own_diagnosis(fn, diagnosis):
     report = exercises.check(NAME, fn)
-    assert not report.passed, f"the {diagnosis} variant passed: {report!r}"
-    assert report.diagnosis == diagnosis, f"expected {diagnosis}, got {report!r}"
-    assert report.hint and report.hint in repr(report) and diagnosis in report._repr_html_()
+    assert_diagnosed(report, diagnosis)
     assert "new (positions" in report.message and "You returned" in report.message, "the count is not explained"
 
 

@@ -9,13 +9,8 @@ import torch
 from specdec_lab.analysis import roofline as rf
 from specdec_lab.bench.machine import load_profile
 from specdec_lab.lab import exercises
-from specdec_lab.lab.exercises.ceiling import CASES, DECODE_CEILING, PROFILE_READ, decode_ceiling
-
-
-@pytest.fixture(autouse=True)
-def registered(monkeypatch):
-    """Grade through exercises.check, with decode_ceiling in the registry whether or not it is there yet."""
-    monkeypatch.setitem(exercises.EXERCISES, "decode_ceiling", DECODE_CEILING)
+from specdec_lab.lab.exercises.ceiling import CASES, PROFILE_READ, decode_ceiling
+from test_exercises import assert_diagnosed
 
 
 def check(fn):
@@ -103,9 +98,7 @@ def test_the_reference_passes():
 @pytest.mark.parametrize("fn, diagnosis", MISTAKES, ids=[f"{d}-{f.__name__}" for f, d in MISTAKES])
 def test_each_mistake_fails_with_its_own_diagnosis(fn, diagnosis):
     report = check(fn)
-    assert not report.passed, f"the {diagnosis} variant passed: {report!r}"
-    assert report.diagnosis == diagnosis, f"expected {diagnosis}, got {report!r}"
-    assert report.hint and report.hint in repr(report) and diagnosis in report._repr_html_()
+    assert_diagnosed(report, diagnosis)
 
 
 def test_a_forgotten_cache_is_right_at_short_contexts_and_caught_at_long_ones():

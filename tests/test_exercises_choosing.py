@@ -15,6 +15,7 @@ from specdec_lab.bench.machine import forward_cost
 from specdec_lab.lab import exercises
 from specdec_lab.lab.exercises import choosing
 from specdec_lab.serve.policy import GoodputPolicy
+from test_exercises import assert_diagnosed
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 
@@ -146,9 +147,7 @@ def test_the_reference_passes_and_is_the_librarys_choice():
 @pytest.mark.parametrize("fn, diagnosis", MISTAKES, ids=[f"{d}-{f.__name__}" for f, d in MISTAKES])
 def test_each_mistake_fails_with_its_own_diagnosis(fn, diagnosis):
     report = exercises.check("best_k", fn)
-    assert not report.passed, f"the {diagnosis} variant passed: {report!r}"
-    assert report.diagnosis == diagnosis, f"expected {diagnosis}, got {report!r}"
-    assert report.hint and report.hint in repr(report) and diagnosis in report._repr_html_()
+    assert_diagnosed(report, diagnosis)
 
 
 def test_the_failure_says_where_and_both_speeds():

@@ -13,13 +13,8 @@ from specdec_lab.core.records import StepRecord
 from specdec_lab.drafters import NGramDrafter
 from specdec_lab.io.pair import tiny_model
 from specdec_lab.lab import exercises, widgets
-from specdec_lab.lab.exercises.fates import CASES, FATES, HINTS, MISTAKES, STEP_FATES, step_fates, strip_text
-
-
-@pytest.fixture(autouse=True)
-def registered(monkeypatch):
-    """Grade through exercises.check, with step_fates in the registry whether or not it is there yet."""
-    monkeypatch.setitem(exercises.EXERCISES, "step_fates", STEP_FATES)
+from specdec_lab.lab.exercises.fates import CASES, FATES, HINTS, MISTAKES, step_fates, strip_text
+from test_exercises import assert_diagnosed
 
 
 def check(fn):
@@ -265,9 +260,7 @@ def test_the_reference_passes():
 @pytest.mark.parametrize("fn, diagnosis", LEARNER_MISTAKES, ids=[f"{d}-{f.__name__}" for f, d in LEARNER_MISTAKES])
 def test_each_mistake_fails_with_its_own_diagnosis(fn, diagnosis):
     report = check(fn)
-    assert not report.passed, f"the {diagnosis} variant passed: {report!r}"
-    assert report.diagnosis == diagnosis, f"expected {diagnosis}, got {report!r}"
-    assert report.hint and report.hint in repr(report) and diagnosis in report._repr_html_()
+    assert_diagnosed(report, diagnosis)
 
 
 def test_the_failure_shows_both_strips_for_the_step_it_fails_on():

@@ -9,6 +9,7 @@ import torch
 from specdec_lab.lab import exercises
 from specdec_lab.lab.exercises.training import _rates_cases
 from specdec_lab.verification.expect import rates
+from test_exercises import assert_diagnosed
 
 NAME = "acceptance_rate"
 
@@ -107,9 +108,7 @@ def test_the_chapters_predict_first_case():
 @pytest.mark.parametrize("fn, diagnosis", MISTAKES, ids=[d for _, d in MISTAKES])
 def test_each_mistake_fails_with_its_own_diagnosis(fn, diagnosis):
     report = exercises.check(NAME, fn)
-    assert not report.passed, f"the {diagnosis} variant passed: {report!r}"
-    assert report.diagnosis == diagnosis, f"expected {diagnosis}, got {report!r}"
-    assert report.hint and report.hint in repr(report) and diagnosis in report._repr_html_()
+    assert_diagnosed(report, diagnosis)
 
 
 def test_a_failure_names_the_case_and_both_values():

@@ -156,15 +156,20 @@ def write_layout(folder: Path):
     Hugging Face files (which other engines read), so that a float32 load on the CPU maps them."""
     folder = Path(folder)
     cfg = config_from_hf(json.loads((folder / "config.json").read_text()))
-    sd = read_safetensors(folder)
-    if cfg.tie_embeddings and "lm_head.weight" in sd:
-        del sd["lm_head.weight"]
     out = folder / LAYOUT
     out.parent.mkdir(exist_ok=True)
     tmp = out.with_name(f"{out.name}.{os.getpid()}.partial")
-    torch.save(from_hf_state_dict(sd, cfg), tmp)
+    torch.save(_read_lab_layout(folder, cfg), tmp)
     tmp.replace(out)  # atomic: a reader never maps a half-written file
     release_freed_memory()
+
+
+def _read_lab_layout(folder, cfg, device="cpu", dtype=torch.float32) -> dict:
+    """The folder's safetensors read a tensor at a time into this project's layout (from_hf_state_dict)."""
+    sd = read_safetensors(folder, device, dtype)
+    if cfg.tie_embeddings and "lm_head.weight" in sd:
+        del sd["lm_head.weight"]
+    return from_hf_state_dict(sd, cfg)
 
 
 def _is_converted_folder(path: Path) -> bool:
@@ -264,10 +269,7 @@ def load_model(source, device="cpu", dtype=torch.float32):
         cfg = config_from_hf(hf_cfg, eos_ids=[tok.eos_token_id] if tok is not None else [])
         if (path / LAYOUT).exists() and torch.device(device).type == "cpu" and dtype == torch.float32:
             return build_model(cfg, torch.load(path / LAYOUT, mmap=True, weights_only=True)), tok
-        sd = read_safetensors(path, device, dtype)
-        if cfg.tie_embeddings and "lm_head.weight" in sd:
-            del sd["lm_head.weight"]
-        model = build_model(cfg, from_hf_state_dict(sd, cfg), device, dtype)
+        model = build_model(cfg, _read_lab_layout(path, cfg, device, dtype), device, dtype)
         release_freed_memory()
         return model, tok
     hf_model, tok = load_hf_model(source, dtype=dtype)  # GGUF dequantizes to float32 whatever is asked

@@ -135,14 +135,13 @@ class BatchEngine:
         preemption) but the last token, which stays pending for the target and the draft. Sequences
         with the same context (the n answers to one request) read it once: the first reads it and the
         others share its blocks (kv.fork; a block is copied when one of them first writes into it)."""
-        ctx, first = [], {}
+        ctx, lead, first = [], [], {}
         for s in seqs:
             s.seq_id, self._next_id = self._next_id, self._next_id + 1
             ctx.append(torch.tensor(s.context, device=self.device))  # the context's one copy to the device
             s.c, s.pending = ctx[-1][-1:], ctx[-1][-1:]
-            first.setdefault(tuple(s.context), s)
-        lead = [first[tuple(s.context)] for s in seqs]  # who reads each sequence's context
-        leads = [s for s, by in zip(seqs, lead) if by is s]
+            lead.append(first.setdefault(tuple(s.context), s))  # who reads this sequence's context
+        leads = list(first.values())
         rows = [(s, x[:-1]) for s, x, by in zip(seqs, ctx, lead) if len(x) > 1 and by is s]
         real = [len(x) for _, x in rows]
         try:
