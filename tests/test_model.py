@@ -293,7 +293,9 @@ def test_fast_linear_keeps_one_copy_of_a_float32_weight_and_follows_weight_chang
         idx = torch.tensor([[0, 95, 17], [16, 15, 48]])  # W's columns, read from the panels (a tied embedding)
         assert torch.equal(fast.columns(idx), lin.columns(idx)) and fast.columns(idx).shape == (2, 3, 64)
         if CAN_PACK_BF16:
-            half = FastLinear(Linear(64, 96).to(torch.bfloat16))
+            half_linear = Linear(64, 96)
+            torch.nn.init.normal_(half_linear.weight)  # Linear allocates W uninitialised: NaN would fail the equality
+            half = FastLinear(half_linear.to(torch.bfloat16))
             xb = torch.randn(30, 64, dtype=torch.bfloat16)
             first = (half(xb), half._packed)
             assert first[1] is not None, "bfloat16 goes through oneDNN's packed copy"
