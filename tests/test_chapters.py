@@ -10,7 +10,8 @@ per chapter, so a failure names the chapter:
 - no chapter shows a private member (`x._name`) in its prose or outputs, and none reads as a work
   log or a roadmap ("in the time available", "not in this checkout", "once it has run on", ...);
 - every plotly figure has a PNG beside it (viz.show), so the chapter reads where no JavaScript runs;
-- every chapter ends with exercises whose answers are collapsed, and a claims cell with asserts;
+- every chapter ends with exercises whose answers are collapsed, then a recap in prose and one check cell
+  of at most 15 lines that calls its module in specdec_lab/lab/checks/ and runs a broken variant;
 - prose per chapter is counted and held to about 15,000 characters (about 2,500 words); a longer chapter is split;
 - `make setup` installs the JupyterLab settings that keep the news prompt off the first chapter.
 
@@ -25,6 +26,8 @@ import pytest
 
 NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("*.ipynb"))
 PACKAGE = "specdec_lab"
+CHECK_CELL_LINES = 15  # a chapter's check cell; its asserts live in specdec_lab/lab/checks/
+RECAP_CHARS = 400  # a recap is a few sentences at least
 WIDGET_STATE_LIMIT = 100_000  # bytes of JSON in the notebook's metadata["widgets"]
 # Characters of markdown per chapter (about 2,500 words). A cap of 9,000 made the prose clipped: a chapter
 # says what it needs in full sentences, and one that outgrows this is split in two rather than compressed.
@@ -241,14 +244,39 @@ def test_exercises_with_collapsed_answers(path):
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=ids)
-def test_a_claims_cell_with_asserts(path):
-    nb = load(path)
-    start = heading_index(nb, "claim")
-    assert start is not None, f"{path.name} has no claims section (a markdown heading with 'claim')"
-    trees = dict(code_cells(nb))
-    asserts = {i: sum(isinstance(n, ast.Assert) for n in ast.walk(trees[i])) for i in trees if i > start}
-    assert any(n >= 2 for n in asserts.values()), (f"{path.name}: no code cell after the claims heading "
-                                                   f"(cell {start}) holds two or more asserts: {asserts}")
+def test_ends_with_a_recap_and_one_short_check_cell(path):
+    """The last two cells: a recap in prose, then one check cell of at most CHECK_CELL_LINES lines that
+    calls the chapter's module in specdec_lab/lab/checks/ and runs a broken variant through must_fail."""
+    *_, recap, check = load(path)["cells"]
+    assert recap["cell_type"] == "markdown" and re.match(r"## Recap\n", source(recap)), \
+        f"{path.name}: the second-last cell must be a markdown cell headed '## Recap'"
+    assert len(source(recap)) > RECAP_CHARS, f"{path.name}: the recap says what paid, what did not and why, in prose"
+    assert check["cell_type"] == "code", f"{path.name}: the last cell must be the check cell"
+    lines = source(check).splitlines()
+    assert len(lines) <= CHECK_CELL_LINES, f"{path.name}: the check cell has {len(lines)} lines; move asserts into its module"
+    tree = ast.parse(source(check))
+    modules = check_modules(tree)
+    assert len(modules) == 1, f"{path.name}: the check cell imports one module of specdec_lab.lab.checks, not {modules}"
+    calls = {n.func.id for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
+    assert "must_fail" in calls, f"{path.name}: the check cell runs a broken variant through must_fail"
+    assert (ROOT / "tests" / f"test_checks_{modules[0]}.py").exists(), f"{path.name}: tests/test_checks_{modules[0]}.py"
+
+
+def check_modules(tree):
+    """The modules of specdec_lab.lab.checks a cell imports (their names, without the package)."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module == "specdec_lab.lab.checks":
+            found += [a.name for a in node.names if a.name not in ("must_fail", "take")]
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("specdec_lab.lab.checks."):
+            found.append(node.module.rsplit(".", 1)[1])
+    return found
+
+
+def test_every_check_module_belongs_to_one_chapter():
+    used = [m for path in NOTEBOOKS for m in check_modules(ast.parse(source(load(path)["cells"][-1])))]
+    modules = sorted(p.stem for p in (ROOT / "specdec_lab" / "lab" / "checks").glob("*.py") if p.stem != "__init__")
+    assert sorted(used) == modules, f"each module in specdec_lab/lab/checks/ is one chapter's: {used} against {modules}"
 
 
 def prose_table():

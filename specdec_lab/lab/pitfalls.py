@@ -37,6 +37,11 @@ The verification mask (chapter 05):
 - `UnmaskedTarget`: runs the K+1 verification pass with no mask, so position i
   also sees the drafted tokens after it, including the one it is judging.
 
+The batched server (chapter 13):
+- `verify_batch_keep_every_draft`: a batch rule that keeps every drafted token of every
+  row, as if each test had passed, then appends p's top token after them. Rows commit
+  more tokens a step, and their greedy output stops being the target's.
+
 The distillation recipe (chapter 09):
 - `targets_one_position_late`: training examples whose stored target distributions sit one
   answer position late, so the draft at each position is taught the distribution of the
@@ -237,6 +242,13 @@ class UnmaskedTarget(torch.nn.Module):
             B, T, L = tokens.shape[0], tokens.shape[1], cache.length
             mask = torch.zeros(B, 1, T, L + T, device=tokens.device, dtype=self.dtype)  # sees everything
         return self.model(tokens, input_pos, cache, mask, last_only)
+
+
+def verify_batch_keep_every_draft(D, P, Q, U, E):
+    """verify_batch's signature, (B, K) drafts padded with -1: keeps each row's drafts, then p's top token."""
+    k = (D >= 0).sum(1)                                                # each row's own K
+    after = P[torch.arange(len(D)), k].argmax(-1)                      # p's top token after the drafts
+    return torch.cat([D, torch.full_like(D[:, :1], -1)], 1).scatter(1, k.view(-1, 1), after.view(-1, 1))
 
 
 def targets_one_position_late(examples):
