@@ -34,6 +34,7 @@ import time
 import ipywidgets as W
 import plotly.graph_objects as go
 import torch
+from IPython.display import display
 
 from ..api import LookupThenModelDrafter, SpeculativeEngine, autoregressive_generate, load_pair
 from ..core.records import RunStats
@@ -387,6 +388,21 @@ class DemoPanel:
     def _show_error(self, e):
         text = str(e) if isinstance(e, (str, ValueError)) else f"{type(e).__name__}: {e}"
         self.error.value = f'{STYLE}<div class="sdl-error">{html.escape(text)}</div>'
+
+    def show(self):
+        """Display the panel. A running kernel draws the live widgets. Where none runs (a saved notebook on
+        GitHub or nbviewer, or JupyterLab after a page reload) the same output holds a note and the legend
+        instead of the widgets' raw repr."""
+        bundle = self.widget._repr_mimebundle_()
+        bundle["text/plain"] = "The live demo panel: run this notebook's cells to use it."
+        bundle["text/html"] = ("<p><i>The live demo panel appears here when this notebook runs in a kernel: "
+                               "controls for K, temperature, top-p and the drafter, the cards, the token strip "
+                               "and the per-step chart. The tokens' colours:</i></p>" + legend_html())
+        display(bundle, raw=True)
+
+    def snapshot_html(self) -> str:
+        """The cards and the token strip as they stand, as HTML that reads without a kernel."""
+        return self.figures.value + self.strip.value
 
     def chart_snapshot(self) -> go.Figure:
         """The per-step chart as it stands, as a plain go.Figure (for viz.show's stored PNG)."""

@@ -1,5 +1,7 @@
 """Chapter 02's checks: the rule's exactness, the engine's samples against the target's exact distribution,
 p-values over runs, the speedup formula against the paper's corollary, and the figures the chapter quotes."""
+import numpy as np
+
 from ...analysis import roofline as rf
 from .. import lossless
 
@@ -50,6 +52,12 @@ def figures(profile_forward, scratch_result, results, answer1, answer2, answer3)
     fwd = profile_forward
     assert fwd["ridge_rows"] == 3 and max(r for T, r in zip(fwd["rows"], fwd["ratio_to_one_row"]) if T <= 3) <= 1.25, \
         "the profile: up to 3 tokens at most 1.25x one"
+    # the theorem's best K against the one priced with the profile's v_K, at alpha = 0.8 and c = 0.05
+    v = {k: float(np.interp(k + 1, fwd["rows"], fwd["ratio_to_one_row"])) for k in range(1, 17)}
+    priced = max(v, key=lambda k: rf.expected_speedup(0.8, k, 0.05, v[k]))
+    assert [f"{v[k]:.2f}" for k in (1, 2, 3, 4)] == ["1.07", "1.13", "1.38", "1.67"], v
+    assert (priced, f"{rf.expected_speedup(0.8, priced, 0.05, v[priced]):.2f}") == (2, "1.98")
+    assert (rf.best_k(0.8, 0.05), f"{rf.expected_speedup(0.8, 8, 0.05):.2f}") == (8, "3.09"), "the theorem's K"
     assert scratch_result.impossible == 0 and scratch_result.pvalue > 1e-3, "the from-scratch loop is not lossless"
     assert results["resample from p"].pvalue < 1e-4, "the check has no power against resampling from p"
     assert results["greedy draft, verified as sampled"].pvalue < 1e-4, "the check has no power against a greedy draft"
