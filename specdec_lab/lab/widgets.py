@@ -390,15 +390,20 @@ class DemoPanel:
         self.error.value = f'{STYLE}<div class="sdl-error">{html.escape(text)}</div>'
 
     def show(self):
-        """Display the panel. A running kernel draws the live widgets. Where none runs (a saved notebook on
-        GitHub or nbviewer, or JupyterLab after a page reload) the same output holds a note and the legend
-        instead of the widgets' raw repr."""
+        """Display the panel (`display_bundle`): live widgets in a running kernel, a note and the legend
+        where none runs."""
+        display(self.display_bundle(), raw=True)
+
+    def display_bundle(self) -> dict:
+        """The panel's output: the widgets' view, which a running kernel draws, and beside it what a saved
+        notebook shows where none runs (GitHub, nbviewer, JupyterLab after a page reload): a note and the
+        legend as HTML, and a one-line text instead of the widgets' raw repr."""
         bundle = self.widget._repr_mimebundle_()
         bundle["text/plain"] = "The live demo panel: run this notebook's cells to use it."
         bundle["text/html"] = ("<p><i>The live demo panel appears here when this notebook runs in a kernel: "
                                "controls for K, temperature, top-p and the drafter, the cards, the token strip "
                                "and the per-step chart. The tokens' colours:</i></p>" + legend_html())
-        display(bundle, raw=True)
+        return bundle
 
     def snapshot_html(self) -> str:
         """The cards and the token strip as they stand, as HTML that reads without a kernel."""
