@@ -1,0 +1,91 @@
+"""Chapter 02's speedup explorer: the acceptance rate, the draft cost and the largest K on sliders.
+
+    explorer = SpeedupExplorer(verify_cost, measured, alpha=0.454, c=0.026)
+    explorer.show()      # live sliders in a running kernel; a picture of the starting values elsewhere
+
+Two predicted curves over K: Theorem 3.8's, which prices the verification forward at one forward, and the
+same formula with this machine's v_K (`verify_cost`, K -> one-row forwards, from the machine profile). Beside
+them, dots for a stored run's measured speedups (`measured`, K -> ratio over plain decoding), when given.
+"""
+import ipywidgets as W
+import plotly.graph_objects as go
+from IPython.display import display
+
+from ..analysis.roofline import expected_speedup
+from .static_figures import figure_bundle
+from .viz import BAD, NEUTRAL, PALETTE
+
+K_MAX = 12
+
+
+def speedup_curves(alpha, c, verify_cost, k_max=K_MAX) -> dict:
+    """Predicted speedup at K = 1..k_max: 'theorem' (verification = one forward) and 'this machine'
+    (verification = verify_cost[K] one-row forwards)."""
+    if not 0 <= alpha < 1 or c < 0:
+        raise ValueError(f"alpha must be in [0, 1) and c >= 0, got alpha={alpha}, c={c}")
+    missing = [k for k in range(1, k_max + 1) if k not in verify_cost]
+    if missing:
+        raise ValueError(f"verify_cost must price every K from 1 to {k_max}; missing {missing}")
+    ks = range(1, k_max + 1)
+    return {"theorem": [expected_speedup(alpha, k, c) for k in ks],
+            "this machine": [expected_speedup(alpha, k, c, verify_cost[k]) for k in ks]}
+
+
+def speedup_figure(alpha, c, verify_cost, measured=None, k_max=K_MAX) -> go.Figure:
+    """The two predicted curves over K with each one's best K marked, and the measured dots."""
+    ks = list(range(1, k_max + 1))
+    fig = go.Figure()
+    for (name, ys), color in zip(speedup_curves(alpha, c, verify_cost, k_max).items(), (PALETTE[0], PALETTE[1])):
+        best = max(ks, key=lambda k: ys[k - 1])
+        fig.add_trace(go.Scatter(x=ks, y=ys, mode="lines+markers", name=f"predicted, {name} (best K {best})",
+                                 line=dict(color=color)))
+        fig.add_trace(go.Scatter(x=[best], y=[ys[best - 1]], mode="markers", showlegend=False,
+                                 marker=dict(size=14, color=color, symbol="star")))
+    if measured:
+        fig.add_trace(go.Scatter(x=list(measured), y=list(measured.values()), mode="markers", name="measured (stored run)",
+                                 marker=dict(size=9, color="black")))
+    fig.add_hline(y=1.0, line=dict(color=BAD, dash="dot"))
+    fig.update_layout(title=f"Predicted speedup over plain decoding at alpha = {alpha:.3f}, c = {c:.3f}",
+                      xaxis=dict(title="K, drafted tokens per step", dtick=1, gridcolor="#eeeeee"),
+                      yaxis=dict(title="speedup", gridcolor="#eeeeee", zerolinecolor=NEUTRAL),
+                      height=380, plot_bgcolor="white", legend=dict(orientation="h", y=-0.25))
+    return fig
+
+
+class SpeedupExplorer:
+    """Sliders for alpha, c and the largest K over `speedup_figure`, redrawn as they move."""
+
+    def __init__(self, verify_cost, measured=None, alpha=0.45, c=0.026):
+        self.verify_cost, self.measured = verify_cost, measured
+        style = {"description_width": "initial"}
+        self.alpha = W.FloatSlider(alpha, min=0.0, max=0.95, step=0.001, readout_format=".3f",
+                                   description="alpha", style=style)
+        self.c = W.FloatSlider(c, min=0.0, max=0.5, step=0.002, readout_format=".3f", description="c", style=style)
+        self.k_max = W.IntSlider(8, min=2, max=K_MAX, description="largest K", style=style)
+        self.figure = go.FigureWidget(self.current_figure())
+        for slider in (self.alpha, self.c, self.k_max):
+            slider.observe(lambda _: self.redraw(), names="value")
+        self.widget = W.VBox([W.HBox([self.alpha, self.c, self.k_max]), self.figure])
+
+    def current_figure(self) -> go.Figure:
+        measured = {k: v for k, v in (self.measured or {}).items() if k <= self.k_max.value}
+        return speedup_figure(self.alpha.value, self.c.value, self.verify_cost, measured, self.k_max.value)
+
+    def redraw(self):
+        fresh = self.current_figure()
+        with self.figure.batch_update():
+            self.figure.data = []
+            self.figure.add_traces(list(fresh.data))
+            self.figure.layout = fresh.layout
+
+    def show(self):
+        """Display `display_bundle()`."""
+        display(self.display_bundle(), raw=True)
+
+    def display_bundle(self) -> dict:
+        """The live sliders' view, which a running kernel draws, and beside it a picture of the figure as it
+        stands, which a saved notebook shows where no kernel runs."""
+        bundle = self.widget._repr_mimebundle_()
+        static = figure_bundle(self.current_figure())
+        bundle["image/png"], bundle["text/plain"] = static["image/png"], static["text/plain"]
+        return bundle
