@@ -33,3 +33,19 @@ def test_the_figure_marks_each_best_k_and_the_measured_dots_and_the_sliders_redr
     assert "alpha = 0.900" in explorer.figure.layout.title.text, "moving a slider redraws the figure"
     bundle = explorer.display_bundle()
     assert "image/png" in bundle and "application/vnd.jupyter.widget-view+json" in bundle, "live and saved, both"
+
+
+def test_the_acceptance_explorer_normalises_its_weights_and_every_bar_still_ends_at_p():
+    from specdec_lab.lab.explorer import AcceptanceExplorer
+    explorer = AcceptanceExplorer([3, 1, 0, 0], [1, 1, 1, 1], labels=list("abcd"))
+    p, q = explorer.distributions()
+    assert p == pytest.approx([0.75, 0.25, 0, 0], abs=1e-3) and q == pytest.approx([0.25] * 4, abs=1e-3)
+    explorer.q_weights[0].value = 3  # the draft moves toward the target's favourite
+    accepted, residual = (list(t.y) for t in explorer.figure.data[:2])
+    assert sum(accepted) == pytest.approx(sum(min(a, b) for a, b in zip(*explorer.distributions())))
+    assert [a + r for a, r in zip(accepted, residual)] == pytest.approx(explorer.distributions()[0])
+    for s in explorer.p_weights:
+        s.value = 0
+    assert explorer.distributions()[0] == [0.25] * 4, "all weights at zero read as uniform"
+    with pytest.raises(ValueError, match="p and q"):
+        AcceptanceExplorer([1.0], [1.0])

@@ -1,4 +1,7 @@
-"""Chapter 02's speedup explorer: the acceptance rate, the draft cost and the largest K on sliders.
+"""Chapter 02's explorers: p and q at one position, and the acceptance rate, the draft cost and the largest K,
+on sliders.
+
+    AcceptanceExplorer(p, q, labels).show()   # drag p and q: the accepted mass and the residual move
 
     explorer = SpeedupExplorer(verify_cost, measured, alpha=0.454, c=0.026)
     explorer.show()      # live sliders in a running kernel; a picture of the starting values elsewhere
@@ -13,7 +16,7 @@ from IPython.display import display
 
 from ..analysis.roofline import expected_speedup
 from .static_figures import figure_bundle
-from .viz import BAD, NEUTRAL, PALETTE
+from .viz import BAD, NEUTRAL, PALETTE, acceptance_figure
 
 K_MAX = 12
 
@@ -42,8 +45,8 @@ def speedup_figure(alpha, c, verify_cost, measured=None, k_max=K_MAX) -> go.Figu
         fig.add_trace(go.Scatter(x=[best], y=[ys[best - 1]], mode="markers", showlegend=False,
                                  marker=dict(size=14, color=color, symbol="star")))
     if measured:
-        fig.add_trace(go.Scatter(x=list(measured), y=list(measured.values()), mode="markers", name="measured (stored run)",
-                                 marker=dict(size=9, color="black")))
+        fig.add_trace(go.Scatter(x=list(measured), y=list(measured.values()), mode="markers",
+                                 name="measured (stored run)", marker=dict(size=9, color="black")))
     fig.add_hline(y=1.0, line=dict(color=BAD, dash="dot"))
     fig.update_layout(title=f"Predicted speedup over plain decoding at alpha = {alpha:.3f}, c = {c:.3f}",
                       xaxis=dict(title="K, drafted tokens per step", dtick=1, gridcolor="#eeeeee"),
@@ -52,24 +55,16 @@ def speedup_figure(alpha, c, verify_cost, measured=None, k_max=K_MAX) -> go.Figu
     return fig
 
 
-class SpeedupExplorer:
-    """Sliders for alpha, c and the largest K over `speedup_figure`, redrawn as they move."""
+class _LiveFigure:
+    """Sliders over a plotly figure: `current_figure()` from the sliders' values, redrawn when one moves;
+    shown live in a running kernel and as a stored picture where none runs. Subclasses set `sliders` and
+    `current_figure`, then call `_build(controls)`."""
 
-    def __init__(self, verify_cost, measured=None, alpha=0.45, c=0.026):
-        self.verify_cost, self.measured = verify_cost, measured
-        style = {"description_width": "initial"}
-        self.alpha = W.FloatSlider(alpha, min=0.0, max=0.95, step=0.001, readout_format=".3f",
-                                   description="alpha", style=style)
-        self.c = W.FloatSlider(c, min=0.0, max=0.5, step=0.002, readout_format=".3f", description="c", style=style)
-        self.k_max = W.IntSlider(8, min=2, max=K_MAX, description="largest K", style=style)
+    def _build(self, controls):
         self.figure = go.FigureWidget(self.current_figure())
-        for slider in (self.alpha, self.c, self.k_max):
+        for slider in self.sliders:
             slider.observe(lambda _: self.redraw(), names="value")
-        self.widget = W.VBox([W.HBox([self.alpha, self.c, self.k_max]), self.figure])
-
-    def current_figure(self) -> go.Figure:
-        measured = {k: v for k, v in (self.measured or {}).items() if k <= self.k_max.value}
-        return speedup_figure(self.alpha.value, self.c.value, self.verify_cost, measured, self.k_max.value)
+        self.widget = W.VBox([controls, self.figure])
 
     def redraw(self):
         fresh = self.current_figure()
@@ -89,3 +84,52 @@ class SpeedupExplorer:
         static = figure_bundle(self.current_figure())
         bundle["image/png"], bundle["text/plain"] = static["image/png"], static["text/plain"]
         return bundle
+
+
+class SpeedupExplorer(_LiveFigure):
+    """Sliders for alpha, c and the largest K over `speedup_figure`, redrawn as they move."""
+
+    def __init__(self, verify_cost, measured=None, alpha=0.45, c=0.026):
+        self.verify_cost, self.measured = verify_cost, measured
+        style = {"description_width": "initial"}
+        self.alpha = W.FloatSlider(alpha, min=0.0, max=0.95, step=0.001, readout_format=".3f",
+                                   description="alpha", style=style)
+        self.c = W.FloatSlider(c, min=0.0, max=0.5, step=0.002, readout_format=".3f", description="c", style=style)
+        self.k_max = W.IntSlider(8, min=2, max=K_MAX, description="largest K", style=style)
+        self.sliders = (self.alpha, self.c, self.k_max)
+        self._build(W.HBox(list(self.sliders)))
+
+    def current_figure(self) -> go.Figure:
+        measured = {k: v for k, v in (self.measured or {}).items() if k <= self.k_max.value}
+        return speedup_figure(self.alpha.value, self.c.value, self.verify_cost, measured, self.k_max.value)
+
+
+class AcceptanceExplorer(_LiveFigure):
+    """A slider for each token's weight in p and in q (each normalised to sum to 1) over
+    viz.acceptance_figure: the accepted mass min(p, q) and the residual, redrawn as they move."""
+
+    def __init__(self, p, q, labels=None):
+        p, q = [float(x) for x in p], [float(x) for x in q]
+        if len(p) != len(q) or not 2 <= len(p) <= 8 or min(p + q) < 0:
+            raise ValueError(f"p and q must be 2 to 8 non-negative weights each, of one length; got {len(p)} "
+                             f"and {len(q)}")
+        self.labels = list(labels) if labels is not None else [f"x{i}" for i in range(len(p))]
+        style = {"description_width": "initial"}
+        top = max(p + q)
+        self.p_weights = [W.FloatSlider(x, min=0.0, max=top, step=top / 1000, description=f"p({name})", style=style,
+                                        readout_format=".3f") for x, name in zip(p, self.labels)]
+        self.q_weights = [W.FloatSlider(x, min=0.0, max=top, step=top / 1000, description=f"q({name})", style=style,
+                                        readout_format=".3f") for x, name in zip(q, self.labels)]
+        self.sliders = (*self.p_weights, *self.q_weights)
+        self._build(W.HBox([W.VBox(self.p_weights), W.VBox(self.q_weights)]))
+
+    def distributions(self):
+        """(p, q) as the sliders stand, each normalised; all weights at zero read as uniform."""
+        def norm(sliders):
+            w = [s.value for s in sliders]
+            total = sum(w)
+            return [x / total for x in w] if total > 0 else [1 / len(w)] * len(w)
+        return norm(self.p_weights), norm(self.q_weights)
+
+    def current_figure(self) -> go.Figure:
+        return acceptance_figure(*self.distributions(), labels=self.labels)
