@@ -7,7 +7,7 @@ runs it on the correct piece and, through `must_fail`, on a broken variant from 
 where it has to fail. A claim about the prose (a figure the chapter quotes) reads the stored run
 the figure came from, or the chapter's own live results, passed in by name.
 
-tests/test_chapter_checks.py runs the engine checks on the correct pieces and the broken ones.
+tests/test_checks_<chapter>.py run each module on the correct pieces and on the broken ones.
 """
 
 
