@@ -8,6 +8,7 @@ built there on first use is built under a file lock (cache_lock), so one worker 
 other waits and reads the finished file.
 """
 import fcntl
+import json
 import os
 from contextlib import contextmanager
 
@@ -117,3 +118,17 @@ def hf_target(default_target_dir):
 def tiny_pair():
     """A 2-layer GQA target and a 1-layer draft with the same 64-token vocabulary; no tokenizer."""
     return ModelPair(target=tiny_model(0), draft=tiny_model(1, n_layers=1), tokenizer=None)
+
+
+@pytest.fixture(scope="session")
+def notebook_cells():
+    """run(notebook, ids): a fresh namespace after executing those code cells of a chapter (a path), in the
+    order given. Tests that check a chapter's figures compute them as the chapter does."""
+    def run(notebook, ids):
+        cells = {c.get("id"): "".join(c["source"]) for c in json.loads(notebook.read_text())["cells"]}
+        namespace = {}
+        for cell in ids:
+            exec(cells[cell], namespace)  # noqa: S102 -- the repository's own notebook
+        return namespace
+    return run
+

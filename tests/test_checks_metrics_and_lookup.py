@@ -1,6 +1,5 @@
 """Chapter 08's checks (specdec_lab/lab/checks/metrics_and_lookup.py): they pass on the chapter's own results
 and on a prompt-lookup engine, and fail on the off-by-one target cache and on a result changed."""
-import json
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -28,13 +27,9 @@ TINY_WORKLOAD = [("chat", [3, 9, 14, 27, 5], 12), ("copy", [7, 1, 2, 3, 4, 5, 6,
 
 
 @pytest.fixture(scope="module")
-def ns():
+def ns(notebook_cells):
     """The notebook's namespace after its metrics cells (the default pair, about 20 s)."""
-    cells = {c.get("id"): "".join(c["source"]) for c in json.loads(NOTEBOOK.read_text())["cells"]}
-    namespace = {}
-    for cell in CELLS:
-        exec(cells[cell], namespace)  # noqa: S102 -- the repository's own notebook
-    return namespace
+    return notebook_cells(NOTEBOOK, CELLS)
 
 
 def test_lookup_lossless_holds_and_catches_the_off_by_one_cache(tiny_pair):

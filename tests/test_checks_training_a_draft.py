@@ -29,13 +29,9 @@ SUBSET_RUNS = {"whole head": {"alpha": 0.51, "c": 0.024, "outputs": [[1, 2]]},
 
 
 @pytest.fixture(scope="module")
-def ns():
+def ns(notebook_cells):
     """The notebook's namespace after those cells (about 10 s)."""
-    cells = {c.get("id"): "".join(c["source"]) for c in json.loads(NOTEBOOK.read_text())["cells"]}
-    namespace = {}
-    for cell in CELLS:
-        exec(cells[cell], namespace)  # noqa: S102 -- the repository's own notebook
-    return namespace
+    return notebook_cells(NOTEBOOK, CELLS)
 
 
 def test_vocabulary_and_objective(ns):

@@ -1,7 +1,6 @@
 """Chapter 06's checks (specdec_lab/lab/checks/verification_on_device.py): they pass on the chapter's own
 results and on `verify`, and fail on chapter 02's bug and on a copy of the results with one figure changed."""
 import copy
-import json
 from pathlib import Path
 
 import pytest
@@ -17,13 +16,9 @@ CELLS = ("c01", "c06", "c07", "c09", "c11", "c20", "c22", "c23b")
 
 
 @pytest.fixture(scope="module")
-def ns():
+def ns(notebook_cells):
     """The notebook's namespace after its computing cells (about 10 s)."""
-    cells = {c.get("id"): "".join(c["source"]) for c in json.loads(NOTEBOOK.read_text())["cells"]}
-    namespace = {}
-    for cell in CELLS:
-        exec(cells[cell], namespace)  # noqa: S102 -- the repository's own notebook
-    return namespace
+    return notebook_cells(NOTEBOOK, CELLS)
 
 
 def test_decides_like_reference_passes_verify_and_fails_the_bug():
