@@ -8,7 +8,7 @@ LAB_SETTINGS := $(VENV)/share/jupyter/lab/settings/overrides.json
 # nbconvert's configuration for this environment: re-executed chapters store no widget state.
 NBCONVERT_CONFIG := $(VENV)/etc/jupyter/jupyter_nbconvert_config.json
 
-.PHONY: setup model peer peers vllm lab test demo bench clean
+.PHONY: setup model peer peers vllm lab test demo bench record clean
 
 # What the lab needs. The peers (llama-server) are not part of it: `make lab` opens on the default
 # pair without waiting for them; `make test` and `make peers` build them.
@@ -76,6 +76,11 @@ demo: setup
 bench: setup
 	OMP_NUM_THREADS=1 $(PY) -m specdec_lab bench --prompts 24 --max-new-tokens 64 --ks 1-8 --threads 1 --samples 3 \
 		--no-feature-draft --no-self-draft
+
+# The figures the chapters quote, in one sitting on this commit (about 25 minutes; resumable):
+# docs/record.json and docs/machine_profile.json. Then `python -m specdec_lab record --render`.
+record: setup
+	OMP_NUM_THREADS=1 $(PY) -m specdec_lab record
 
 clean:
 	rm -rf $(VENV) .venv-vllm .pytest_cache

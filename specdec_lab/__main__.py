@@ -1,5 +1,5 @@
-"""Command line: python -m specdec_lab {fetch, generate, acceptance, prompts, distill, distill-features, bench, export,
-serve}.
+"""Command line: python -m specdec_lab {fetch, generate, acceptance, prompts, distill, distill-features, bench, record,
+export, serve}.
 
 Bad input ends in one line, `error: ...`, and exit status 2 (--debug shows the traceback); option
 values are checked before any model loads."""
@@ -23,6 +23,7 @@ from .commands import (_check_max_seq_len, _in, _pair, _say, check_generate_opti
 from .bench.engines import format_engine_acceptance, run_engine_acceptance
 from .bench.load_servers import servers_main
 from .bench.machine import machine_main
+from .bench.record import record_main
 from .bench.peer import PEER_QUICK, PeerConfig, format_peer, llama_server_path, run_peer_bench
 from .bench.vllm_server import vllm_python
 from .bench.serve import ServeBenchConfig
@@ -257,7 +258,8 @@ def cmd_export(args):
 
 COMMANDS = {"fetch": cmd_fetch, "generate": cmd_generate, "distill": cmd_distill,
             "distill-features": cmd_distill_features, "acceptance": cmd_acceptance, "prompts": cmd_prompts,
-            "bench": cmd_bench, "export": cmd_export, "serve": cmd_serve}
+            "bench": cmd_bench, "record": lambda args: record_main(args, log=_say), "export": cmd_export,
+            "serve": cmd_serve}
 
 
 def main(argv=None):

@@ -312,6 +312,15 @@ def build_parser(description=None):
     add_prompts_parser(sub, common)
     add_bench_parser(sub, common)
     add_serve_parser(sub, common)
+    r = sub.add_parser("record", parents=[common], help="measure, in one sitting on one commit, the figures the "
+                       "chapters quote (the machine profile, the default pair's speedups, alpha, tau and c) into "
+                       "docs/record.json; resumable",
+                       description="One sitting on one thread, about 25 minutes on 2 cores: the machine profile, then "
+                                   "the default pair on the 24 benchmark prompts (bench/record.py). Each part is kept "
+                                   "in the cache as it ends, so a rerun on the same commit resumes. Writes "
+                                   "docs/record.json and docs/machine_profile.json.")
+    r.add_argument("--render", action="store_true", help="measure nothing: rewrite the chapters' tagged figures "
+                   "(<!--record:NAME-->) from docs/record.json")
     e = sub.add_parser("export", parents=[common], help="write the shipped drafts for llama.cpp (GGUF) and vLLM "
                        "(a draft model folder; the EAGLE-3-style draft in vLLM's EAGLE-3 layout), with the commands "
                        "that serve them",

@@ -47,13 +47,23 @@ def ridge_rows(rows, ratios, limit=RIDGE_RATIO):
     return max(T for T, r in zip(rows, ratios) if r <= limit)
 
 
-def measure_forward(target, rows=ROWS, context=CONTEXT, rounds=31) -> dict:
-    """The target's forward by rows: medians over `rounds` interleaved rounds, in ms and over one row."""
+def measure_forward(target, rows=ROWS, context=CONTEXT, rounds=31, quartiles=False) -> dict:
+    """The target's forward by rows: medians over `rounds` interleaved rounds, in ms and over one row.
+    quartiles=True adds each one's [first, third] quartile over the rounds (`ms_quartiles`,
+    `ratio_quartiles`: a round's ratio is its T rows over its own one row), the record's noise."""
     per_round = timing.forward_rows_rounds(target, rows, context=context, rounds=rounds)
     ms = [statistics.median(r[i] for r in per_round) * 1e3 for i in range(len(rows))]
-    ratios = [m / ms[rows.index(1)] for m in ms]
-    return {"rows": list(rows), "context": context, "rounds": rounds, "ms_median": [round(m, 2) for m in ms],
-            "ratio_to_one_row": [round(r, 3) for r in ratios], "ridge_rows": ridge_rows(rows, ratios)}
+    one = rows.index(1)
+    ratios = [m / ms[one] for m in ms]
+    out = {"rows": list(rows), "context": context, "rounds": rounds, "ms_median": [round(m, 2) for m in ms],
+           "ratio_to_one_row": [round(r, 3) for r in ratios], "ridge_rows": ridge_rows(rows, ratios)}
+    if quartiles:
+        def q(xs):
+            qs = statistics.quantiles(xs, n=4)
+            return [round(qs[0], 3), round(qs[2], 3)]
+        out["ms_quartiles"] = [q([r[i] * 1e3 for r in per_round]) for i in range(len(rows))]
+        out["ratio_quartiles"] = [q([r[i] / r[one] for r in per_round]) for i in range(len(rows))]
+    return out
 
 
 def measure_rooflines(reps=10) -> dict:
@@ -101,8 +111,9 @@ def cpu_name() -> str:
     return f"{name} ({widest})"
 
 
-def measure_machine(rounds=31, log=print) -> dict:
-    """The whole profile (see the module's docstring). Sets torch to one thread for the per-thread figures."""
+def measure_machine(rounds=31, log=print, quartiles=False) -> dict:
+    """The whole profile (see the module's docstring). Sets torch to one thread for the per-thread figures;
+    quartiles as measure_forward's."""
     cores = torch.get_num_threads()
     log(f"rooflines at {cores} threads ...")
     all_cores = measure_rooflines()
@@ -111,7 +122,7 @@ def measure_machine(rounds=31, log=print) -> dict:
     one = measure_rooflines()
     pair = load_default_pair()
     log(f"the target's forward by rows, {rounds} interleaved rounds ...")
-    forward = measure_forward(pair.target, rounds=rounds)
+    forward = measure_forward(pair.target, rounds=rounds, quartiles=quartiles)
     log("each shipped draft's c, as the engine runs it ...")
     c = measure_draft_costs(pair, load_feature_draft(pair.target), load_eagle3_draft(pair.target), log=log)
     ridge = one["matmul_flops"] / one["bandwidth_read"]
