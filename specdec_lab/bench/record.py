@@ -26,6 +26,7 @@ figure that neither the record nor a stored run the chapter reads holds.
 """
 import datetime
 import json
+import os
 import re
 import statistics
 import subprocess
@@ -71,6 +72,7 @@ def commit() -> str:
 
 def measure_profile(log) -> dict:
     """The machine profile with the forward's quartiles, and the shipped drafts' c measured a second time."""
+    torch.set_num_threads(os.cpu_count() or 1)  # the profile's all-core figures; it then sets one thread
     profile = machine.measure_machine(log=log, quartiles=True)
     from ..api import load_default_pair, load_eagle3_draft, load_feature_draft
     pair = load_default_pair()
@@ -81,7 +83,8 @@ def measure_profile(log) -> dict:
 
 
 def measure_pair(log) -> dict:
-    """The default pair's run (the module's part 2)."""
+    """The default pair's run (the module's part 2), on one thread."""
+    torch.set_num_threads(1)
     from ..api import load_default_pair
     from .main import load_bench_feature_draft
     from .run import BenchConfig, run_bench
@@ -95,9 +98,8 @@ PARTS = {"profile": measure_profile, "pair": measure_pair}
 
 
 def measure_record(log=print, checkpoint=None) -> tuple:
-    """Both parts in one sitting on one thread, resuming after the parts the checkpoint holds:
-    ({part: {"seconds", "doc"}}, the commit)."""
-    torch.set_num_threads(1)
+    """Both parts in one sitting on one thread (the profile's all-core figures apart), resuming after the
+    parts the checkpoint holds: ({part: {"seconds", "doc"}}, the commit)."""
     sha = commit()
     checkpoint = Path(checkpoint or cache_dir() / "record" / f"{sha}.json")
     done = json.loads(checkpoint.read_text()) if checkpoint.exists() else {}
