@@ -321,6 +321,9 @@ def build_parser(description=None):
                                    "docs/record.json and docs/machine_profile.json.")
     r.add_argument("--render", action="store_true", help="measure nothing: rewrite the chapters' tagged figures "
                    "(<!--record:NAME-->) from docs/record.json")
+    r.add_argument("--from-stored", action="store_true", help="measure nothing: compile docs/record.json from the "
+                   "stored profile and benchmark runs, each named with its date (for a day the machine is not "
+                   "itself: its read bandwidth far from the profile's)")
     e = sub.add_parser("export", parents=[common], help="write the shipped drafts for llama.cpp (GGUF) and vLLM "
                        "(a draft model folder; the EAGLE-3-style draft in vLLM's EAGLE-3 layout), with the commands "
                        "that serve them",

@@ -47,7 +47,7 @@ TEMPERATURES = {"t0": 0.0, "t07": 0.7}
 # unit -> how a chapter prints a figure of it
 FORMATS = {"x": "{:.2f}x", "GB/s": "{:.1f} GB/s", "GFLOP/s": "{:.0f} GFLOP/s", "ms": "{:.1f} ms",
            "tokens/s": "{:.1f} tokens/s", "tokens per step": "{:.2f} tokens per step", "c": "{:.3f}",
-           "share": "{:.2f}", "K": "{:d}", "rows": "{:d}"}
+           "share": "{:.3f}", "K": "{:d}", "rows": "{:d}"}
 TAG = re.compile(r"<!--record:([a-z0-9_]+)-->([0-9][0-9.,]*(?:x| GB/s| GFLOP/s| ms| tokens/s| tokens per step)?)")
 
 
@@ -123,26 +123,27 @@ def measure_record(log=print, checkpoint=None) -> tuple:
 def profile_figures(part) -> dict:
     p, again = part["profile"], part["c_again"]
     f = p["forward"]
+    quartiles = f.get("ratio_quartiles") or [None] * len(f["rows"])
     out = {"read_bandwidth": figure(p["bandwidth_read"] / 1e9, "GB/s", "read bandwidth, one thread (best of 10)"),
            "matmul_gflops": figure(p["matmul_flops"] / 1e9, "GFLOP/s", "float32 1024-square matmul, one thread"),
            "forward_ms": figure(f["ms_median"][0], "ms", "one forward of the target for one row, after 64 "
                                 "cached positions (median over the rounds)",
-                                f["ms_quartiles"][0]),
+                                (f.get("ms_quartiles") or [None])[0]),
            "ridge_rows": figure(f["ridge_rows"], "rows", "the most rows a forward takes at <= 1.25x one row")}
-    for T, r, q in zip(f["rows"], f["ratio_to_one_row"], f["ratio_quartiles"]):
+    for T, r, q in zip(f["rows"], f["ratio_to_one_row"], quartiles):
         if T > 1:
             out[f"rows_{T}"] = figure(r, "x", f"a forward of {T} rows over one row (v_K for K = {T - 1})", q)
     for d in machine.DRAFTS:
-        runs = (p["c"][d], again[d])
+        runs = (p["c"][d], again[d]) if again else None
         out[f"c_{d}"] = figure(p["c"][d], "c", f"the {d} draft's c as run (K = 2, greedy): its seconds per drafted "
-                               f"token over plain decoding's per token", (min(runs), max(runs)))
+                               f"token over plain decoding's per token", runs and (min(runs), max(runs)))
     return out
 
 
 def pair_figures(doc) -> dict:
     rf = doc["roofline"]
     s = rf["bandwidth_samples"]
-    out = {"ar_fraction_of_bandwidth": figure(rf["fraction_of_bandwidth"], "share", "plain decoding's bytes per "
+    out = {} if "bandwidth_samples" not in rf else {"ar_fraction_of_bandwidth": figure(rf["fraction_of_bandwidth"], "share", "plain decoding's bytes per "
                                               "second over the bandwidth measured during the run"),
            "run_bandwidth": figure(rf["bandwidth_bytes_per_s"] / 1e9, "GB/s", "bandwidth during the run",
                                    (s["min"] / 1e9, s["max"] / 1e9))}
@@ -191,13 +192,33 @@ def stored_runs(folder=ROOT / "docs") -> list:
     return out
 
 
-def build_record(profile_part, pair_doc, sha, seconds=None) -> dict:
+def build_record(profile_part, pair_docs, sha, seconds=None, sources=None) -> dict:
+    """The record from the profile part and the pair's run(s): a figure comes from the first run that has
+    it. `sources` names stored runs the record was compiled from (None: this sitting measured it all)."""
     p = profile_part["profile"]
+    figures = profile_figures(profile_part)
+    for doc in pair_docs:
+        figures.update({k: v for k, v in pair_figures(doc).items() if k not in figures})
     return {"measured_at": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-            "commit": sha, "command": "python -m specdec_lab record",
+            "commit": sha, "command": "python -m specdec_lab record" + (" --from-stored" if sources else ""),
             "machine": {"cpu": p["cpu"], "cores": p["cores"], "threads": 1}, "seconds": seconds,
-            "bench_config": BENCH, "figures": {**profile_figures(profile_part), **pair_figures(pair_doc)},
+            "bench_config": pair_docs[0]["config"], "sources": sources or "this sitting", "figures": figures,
             "stored_runs": stored_runs()}
+
+
+# the stored runs a record compiled without a sitting reads: the profile, then the benchmark runs the
+# chapters quote (the self-draft's systems only run in the second)
+FROM_STORED = ["docs/machine_profile.json", "docs/bench_full.json", "docs/bench_self_draft.json"]
+
+
+def record_from_stored(sha) -> dict:
+    """The record compiled from the stored runs of FROM_STORED, each named with its date: the profile's
+    figures carry no noise (it kept medians only), the benchmark's their intervals over the prompts."""
+    docs = [json.loads((ROOT / f).read_text()) for f in FROM_STORED]
+    profile = docs[0]
+    part = {"profile": profile, "c_again": None}
+    sources = [{"file": f, "measured_at": d.get("measured_at") or d.get("date")} for f, d in zip(FROM_STORED, docs)]
+    return build_record(part, docs[1:], sha, sources=sources)
 
 
 # --------------------------------------------------------------------------- the chapters
@@ -254,9 +275,15 @@ def record_main(args, log):
         changed = render_notebooks(load_record())
         print(f"rewrote the tagged figures of {len(changed)} chapter(s): {', '.join(changed) or 'none'}")
         return
+    if args.from_stored:
+        r = record_from_stored(commit())
+        RECORD.write_text(json.dumps(r, indent=1) + "\n")
+        print(format_record(r))
+        print(f"-> {RECORD}, compiled from " + ", ".join(f"{s['file']} ({s['measured_at']})" for s in r["sources"]))
+        return
     parts, sha = measure_record(log=log)
     profile = parts["profile"]["doc"]["profile"]
-    r = build_record(parts["profile"]["doc"], parts["pair"]["doc"], sha,
+    r = build_record(parts["profile"]["doc"], [parts["pair"]["doc"]], sha,
                      seconds=sum(p["seconds"] for p in parts.values()))
     forward = {k: v for k, v in profile["forward"].items() if not k.endswith("_quartiles")}
     machine.write_profile({**profile, "forward": forward})
