@@ -158,7 +158,8 @@ def dangling_paths(nb, root=ROOT):
 
 
 def prose_chars(nb):
-    return sum(len(source(c)) for c in nb["cells"] if c["cell_type"] == "markdown")
+    """Characters of markdown a reader sees: HTML comments (the record's tags) do not render."""
+    return sum(len(re.sub(r"<!--.*?-->", "", source(c), flags=re.S)) for c in nb["cells"] if c["cell_type"] == "markdown")
 
 
 def hidden(cell):

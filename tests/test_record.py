@@ -116,7 +116,7 @@ KEY_OF = {"x": r"vs_|over|ratio|speedup|cost|ci95|interval|gain",
           "tokens per step": r"tokens_per_step|tau|per_step"}
 RECORD_UNIT = {"x": "x", "tokens/s": "tokens/s", "ms": "ms", "GB/s": "GB/s", "tokens per step": "tokens per step",
                "%": "share"}
-# a printed figure backs a chapter's where its unit is on its line or on one of the three above (a table's header)
+# a printed figure backs a chapter's where its unit is on its line or on one of the 12 above (a table's header)
 PRINTED_UNIT = {"x": r"\d(?:x|×)(?!\w)|over|ratio|speedup|/ ?plain|/ ?AR|vs", "tokens/s": r"tok(?:ens)?/s",
                 "ms": r"ms\b", "GB/s": r"GB/s", "MB": r"MB\b", "GB": r"GB\b", "%": r"%|share|rate|fraction",
                 "tokens per step": r"tokens\s*(?:per |a |/)\s*step|tok/step|tau|τ"}
@@ -165,7 +165,7 @@ class Sources:
             return True
         number, unit_re = re.compile(r"(?<![\d.])" + re.escape(text) + r"(?![\d])"), re.compile(PRINTED_UNIT[unit])
         lines = self.outputs.splitlines()
-        return any(number.search(line) and any(unit_re.search(l) for l in lines[max(0, i - 3):i + 1])
+        return any(number.search(line) and any(unit_re.search(l) for l in lines[max(0, i - 12):i + 1])
                    for i, line in enumerate(lines))
 
 

@@ -48,7 +48,7 @@ TEMPERATURES = {"t0": 0.0, "t07": 0.7}
 FORMATS = {"x": "{:.2f}x", "GB/s": "{:.1f} GB/s", "GFLOP/s": "{:.0f} GFLOP/s", "ms": "{:.1f} ms",
            "tokens/s": "{:.1f} tokens/s", "tokens per step": "{:.2f} tokens per step", "c": "{:.3f}",
            "share": "{:.3f}", "K": "{:d}", "rows": "{:d}"}
-TAG = re.compile(r"<!--record:([a-z0-9_]+)-->([0-9][0-9.,]*(?:x| GB/s| GFLOP/s| ms| tokens/s| tokens per step)?)")
+TAG = re.compile(r"<!--record:([a-z0-9_]+)-->(\d+(?:[.,]\d+)*(?:x| GB/s| GFLOP/s| ms| tokens/s| tokens per step)?)")
 
 
 def figure(value, unit, what, noise=None) -> dict:
