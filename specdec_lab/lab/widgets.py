@@ -60,8 +60,8 @@ STYLE = """<style>
 .sdl-tok { color: #111; border-radius: 3px; padding: 1px 0; margin: 0 1px; cursor: help; }
 .sdl-accepted { background: #b9efb5; }
 .sdl-rejected { background: #f6c1c1; color: #8a1c1c; text-decoration: line-through; }
-.sdl-correction { background: #ffd98a; }
-.sdl-bonus { background: #a9d2ff; }
+.sdl-correction { background: #a9d2ff; }
+.sdl-bonus { background: #ffd98a; }
 .sdl-target { background: #e2e2e2; }
 .sdl-figures { display: flex; flex-wrap: wrap; gap: 10px; }
 .sdl-figure { min-width: 104px; padding: 4px 8px; border: 1px solid #ccc; border-radius: 4px; }
@@ -127,14 +127,15 @@ def token_span(fate, token, info, greedy, decode) -> str:
 
 
 def step_chart() -> go.FigureWidget:
-    """Per-step stacked bars, K high in all: accepted (green) under drafted but not accepted (grey)."""
+    """Per-step stacked bars, K high in all: accepted (green) under drafted but not accepted (light red,
+    as the strip's rejected tokens)."""
     fig = go.FigureWidget(layout=go.Layout(
         barmode="stack", height=240, margin=dict(l=40, r=10, t=30, b=35),
         title=dict(text="accepted out of K, per step", font=dict(size=13)),
         xaxis=dict(title="step", dtick=1), yaxis=dict(title="draft tokens", rangemode="tozero", dtick=1),
         legend=dict(orientation="h", x=1, xanchor="right", y=1.15)))
     fig.add_bar(x=[], y=[], name="accepted", marker_color="#3aa845")
-    fig.add_bar(x=[], y=[], name="rejected or discarded", marker_color="#d0d0d0")
+    fig.add_bar(x=[], y=[], name="rejected or discarded", marker_color="#f6c1c1")
     return fig
 
 

@@ -21,6 +21,7 @@ the chain's (cpu/fused.py, `from_mask`): each node attends over the cache and it
 for bit as its path fed as a chain would (tests/test_fused_shapes.py).
 """
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -79,6 +80,15 @@ def lookahead(tree) -> int:
     return max(nodes_of(tree), fed + 2) + 1
 
 
+@dataclass
+class TreeStep:
+    """One step's tree as the host read it: node 0 is the root (the pending token x_0)."""
+    tokens: list  # token of each node
+    parents: list  # parent of each node, -1 for the root
+    path: list  # the accepted path's nodes from the root, [0, ...]
+    next_token: int  # the target's token after the path (its correction or bonus)
+
+
 class TreeEngine:
     """Speculative decoding over token trees with a draft model.
 
@@ -88,7 +98,10 @@ class TreeEngine:
     shape of the most tokens per second predicted (auto.py), or the chain engine where no tree pays;
     `self.plan` holds the choice, `self.acceptance` and `self.costs` what it was made from. `rule` (when sampling): None picks "sampled" for a static tree and
     "deterministic" for a dynamic or automatic one; "typical" is Medusa's lossy rule.
+    `keep_trees = True` keeps each step's tree in `self.trees` (a TreeStep: its tokens, parents and accepted
+    path, read in the step's one host read), for drawing one (lab/tree_draw.py).
     """
+    keep_trees = False
 
     def __init__(self, target, draft, tree=(4, 2, 1), rule=None, max_seq_len=2048, tokenizer=None,
                  auto_prompts=None, auto_temperature=0.0, auto_max_nodes=32, cache="contiguous", block_size=16):
@@ -150,6 +163,7 @@ class TreeEngine:
         device, eos = self.target.device, self.target.cfg.eos_token_ids
         g = make_generator(seed, device)
         stats, steps, out = RunStats(), [], []
+        self.trees = []
         t0 = time.perf_counter()
         self.cache.reset()
         prompt_t = torch.tensor(ids, device=device)  # the prompt's one copy to the device
@@ -196,8 +210,13 @@ class TreeEngine:
         D = tree.max_depth
         path = verdict[3:4 + D]
         last_fed = tree.slot.index_select(0, path.index_select(0, verdict[:1])) >= 0  # (1,)
-        host = torch.cat([verdict, last_fed.long(), tree.tokens[1:]]).tolist()  # sync: the one per step
-        m, next_token, nodes = host[0], host[1], host[6 + 2 * D:]  # [verdict, last_fed, node tokens]
+        shape = [tree.parents[1:]] if self.keep_trees else []  # read with the rest: no sync of its own
+        host = torch.cat([verdict, last_fed.long(), tree.tokens[1:], *shape]).tolist()  # sync: the one per step
+        m, next_token = host[0], host[1]
+        nodes = host[6 + 2 * D:6 + 2 * D + tree.size - 1]  # [verdict, last_fed, node tokens, (parents)]
+        if self.keep_trees:
+            self.trees.append(TreeStep([host[4 + D]] + nodes, [-1] + host[5 + 2 * D + tree.size:],
+                                       [0] + host[4:4 + m], next_token))
         on_path = set(host[4:4 + m])  # the accepted path's nodes below the root
         drafted = host[4 + D + 1:4 + D + 1 + m] + [t for i, t in enumerate(nodes, 1) if i not in on_path]
         # 4. Compact: the path's keys and values follow c's; the drafter keeps its own path; next is c.
