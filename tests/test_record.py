@@ -221,3 +221,19 @@ def test_the_chapters_tag_the_core_figures():
     tagged = {m.group(1) for p in NOTEBOOKS for c in json.loads(p.read_text())["cells"]
               if c["cell_type"] == "markdown" for m in record.TAG.finditer("".join(c["source"]))}
     assert set(CORE) <= tagged, f"core figures no chapter quotes from the record: {sorted(set(CORE) - tagged)}"
+
+
+def test_a_sitting_on_a_day_unlike_the_profile_says_so():
+    stored, said = machine.load_profile(), []
+    assert not record.say_if_unlike({**stored, "bandwidth_read": stored["bandwidth_read"] * 1.1}, stored, said.append)
+    assert said == []
+    assert record.say_if_unlike({**stored, "bandwidth_read": stored["bandwidth_read"] / 2}, stored, said.append)
+    assert len(said) == 1 and "GB/s today" in said[0] and "record --from-stored" in said[0]
+
+
+def test_the_kept_sitting_holds_every_figure_the_record_names():
+    sitting = json.loads((ROOT / "docs" / "record_sitting_2026-12-07.json").read_text())
+    assert sitting["sources"] == "this sitting" and re.fullmatch(r"[0-9a-f]{12}", sitting["commit"])
+    assert set(CORE) <= set(sitting["figures"])
+    for name, f in sitting["figures"].items():
+        assert f["text"] == record.FORMATS[f["unit"]].format(f["value"]), name

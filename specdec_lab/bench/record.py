@@ -74,12 +74,28 @@ def measure_profile(log) -> dict:
     """The machine profile with the forward's quartiles, and the shipped drafts' c measured a second time."""
     torch.set_num_threads(os.cpu_count() or 1)  # the profile's all-core figures; it then sets one thread
     profile = machine.measure_machine(log=log, quartiles=True)
+    if machine.PROFILE.exists():
+        say_if_unlike(profile, machine.load_profile(), log)
     from ..api import load_default_pair, load_eagle3_draft, load_feature_draft
     pair = load_default_pair()
     log("each shipped draft's c again, for its noise ...")
     again = machine.measure_draft_costs(pair, load_feature_draft(pair.target), load_eagle3_draft(pair.target),
                                         log=log)
     return {"profile": profile, "c_again": again}
+
+
+def say_if_unlike(today, stored, log, limit=1.25) -> bool:
+    """Say when today's read bandwidth is more than `limit` times off the stored profile's: on such a day
+    every ratio of the forward moves (on 2026-12-07, at half the bandwidth, the flat limit went from 3 rows
+    to 6), and the sitting describes that day, not the machine the chapters were written on."""
+    ratio = today["bandwidth_read"] / stored["bandwidth_read"]
+    if 1 / limit <= ratio <= limit:
+        return False
+    log(f"warning: this machine reads memory at {today['bandwidth_read'] / 1e9:.1f} GB/s today, "
+        f"{stored['bandwidth_read'] / 1e9:.1f} GB/s in the stored profile ({stored['date']}): the forward's ratios "
+        f"and every figure built on them will differ from the chapters'. Keep this sitting as a stored run, "
+        f"or compile the record from the stored runs (record --from-stored).")
+    return True
 
 
 def measure_pair(log) -> dict:
