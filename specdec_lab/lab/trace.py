@@ -6,10 +6,10 @@
     print(format_trace(rows))
 
 A row says what one step did (the algorithm's step: docs/design.md): the target's input
-[c, d_1..d_K], the drafts it accepted (d_1..d_n), the one it rejected (d_{n+1}),
+[x0, d_1..d_K], the drafts it accepted (d_1..d_n), the one it rejected (d_{n+1}),
 the ones discarded unverified after it (d_{n+2}..d_K), and the next token: a
 *correction* drawn from the residual when n < K, a *bonus* drawn from p_{K+1} when
-n = K. The next token becomes the following step's c, the first token of its
+n = K. The next token becomes the following step's x0 (the pending token), the first token of its
 verification pass, so it never costs a target forward of its own; the
 `target_input` column, recorded from the target's forward calls rather than
 rebuilt from the records, lets a reader check that.
@@ -56,7 +56,7 @@ def _piece(tokenizer, token_id) -> str:
 def trace_rows(steps, tokenizer=None, prompt_ids=None, target_inputs=None) -> list[dict]:
     """One dict per StepRecord (see the module docstring for the columns).
 
-    `prompt_ids` gives step 0's c (the prompt's last token, which the prefill leaves
+    `prompt_ids` gives step 0's x0 (the prompt's last token, which the prefill leaves
     unseen). `target_inputs` is what `record_forward_inputs(target)` collected during
     the run: its last len(steps) calls are the steps' verification passes (a prefill,
     when the prompt has more than one token, comes first). Without a tokenizer the
@@ -66,21 +66,21 @@ def trace_rows(steps, tokenizer=None, prompt_ids=None, target_inputs=None) -> li
         raise ValueError(f"target_inputs holds {len(target_inputs)} forward calls, fewer than the "
                          f"{len(steps)} steps; record the whole run")
     passes = target_inputs[len(target_inputs) - len(steps):] if target_inputs is not None else None
-    rows, c = [], (prompt_ids[-1] if prompt_ids else None)
+    rows, x0 = [], (prompt_ids[-1] if prompt_ids else None)
     for i, rec in enumerate(steps):
         n, d = rec.num_accepted, list(rec.drafted)
         row = {
-            "step": rec.step, "k": rec.k, "c": c, "drafted": d, "num_accepted": n,
+            "step": rec.step, "k": rec.k, "x0": x0, "drafted": d, "num_accepted": n,
             "accepted": d[:n], "rejected": d[n:n + 1], "discarded": d[n + 1:],
             "next_token": rec.next_token, "kind": step_kind(rec), "committed": list(rec.committed),
             "target_input": passes[i] if passes is not None else None,
         }
         for key in ("accepted", "rejected", "discarded", "committed"):
             row[key + "_text"] = [_piece(tokenizer, t) for t in row[key]]
-        row["c_text"] = _piece(tokenizer, c) if c is not None else None
+        row["x0_text"] = _piece(tokenizer, x0) if x0 is not None else None
         row["next_text"] = _piece(tokenizer, rec.next_token)
         rows.append(row)
-        c = rec.next_token
+        x0 = rec.next_token
     return rows
 
 
@@ -99,7 +99,7 @@ def _cell(pieces, width) -> str:
 
 def format_trace(rows, width=22, max_rows=None) -> str:
     """A fixed-width text table of trace_rows, each token's text shown by show_piece."""
-    cols = [("c", "c_text", 10), ("accepted d_1..d_n", "accepted_text", width),
+    cols = [("x0", "x0_text", 10), ("accepted d_1..d_n", "accepted_text", width),
             ("rejected", "rejected_text", 12), ("discarded", "discarded_text", width), ("next", "next_text", 12)]
     head = f"{'step':>4} {'K':>2} {'n':>2}  " + "  ".join(f"{name:{w}s}" for name, _, w in cols) + "  kind"
     lines = [head, "-" * len(head)]
@@ -118,14 +118,14 @@ def format_trace(rows, width=22, max_rows=None) -> str:
 
 def check_fed_forward(rows) -> list[str]:
     """The claims of the `target_input` column, as a list of violations (empty when all hold):
-    each step's verification pass is [c, d_1..d_K], and c is the previous step's next token."""
+    each step's verification pass is [x0, d_1..d_K], and x0 is the previous step's next token."""
     problems = []
     for prev, row in zip([None] + rows[:-1], rows):
         seen = row["target_input"]
         if seen is None:
             return ["no target_input recorded"]
-        if seen != [row["c"]] + row["drafted"]:
-            problems.append(f"step {row['step']}: the target got {seen}, not [c] + drafts")
+        if seen != [row["x0"]] + row["drafted"]:
+            problems.append(f"step {row['step']}: the target got {seen}, not [x0] + drafts")
         if prev is not None and seen[0] != prev["next_token"]:
             problems.append(f"step {row['step']}: first input {seen[0]} is not step {prev['step']}'s "
                             f"next token {prev['next_token']}")

@@ -1,12 +1,12 @@
 """Exercise "step": one whole speculative step on the library's own pieces (core/engine.py's Engine._step,
 without its records and timings).
 
-The learner writes fn(target, cache, drafter, c, k, sampling, generator) -> (committed, next_c) with
+The learner writes fn(target, cache, drafter, x0, k, sampling, generator) -> (committed, next_x0) with
 the drafter protocol (core/drafter.py), the target's forward and core.verify's rule. The checker
 prefills a tiny random target and a draft that is a slightly perturbed copy of it (so some steps
 accept everything and some reject early), calls the learner's step in a loop at temperature 0, and
 after every step checks what the protocol fixes: the target's cache holds every committed token but
-the new c, the drafter heard the verdict once, and the tokens are the target's own greedy decoding
+the new x0 (the pending token), the drafter heard the verdict once, and the tokens are the target's own greedy decoding
 (core.engine.autoregressive_generate). At the end the tokens per step must be the reference step's.
 """
 import copy
@@ -27,30 +27,30 @@ K = 3
 CAPACITY = 128  # positions in each cache: the prompt, the new tokens and a step's lookahead fit
 
 
-def step(target, cache, drafter, c, k, sampling, generator):
+def step(target, cache, drafter, x0, k, sampling, generator):
     """One speculative step.
 
     target     a Transformer: target(x, cache=cache), x (1, T) int64, returns logits (1, T, V) and
                appends the T positions to the cache
-    cache      the target's KVCache: it holds every committed token but c; cache.length is its
+    cache      the target's KVCache: it holds every committed token but x0; cache.length is its
                length, cache.rollback(length) forgets every position from `length` on
     drafter    a drafter (core/drafter.py): drafter.propose(k, sampling, generator) returns
                (draft_ids (k,) int64, q (k, V) or None); tell it the verdict with
                drafter.commit(Verdict(drafted_list, num_accepted, next_token))
-    c          (1,) int64: the last committed token, which the target has not read yet
+    x0         (1,) int64: the pending token, the last committed one, which the target has not read yet
     k          how many tokens to draft
     sampling   a SamplingConfig (temperature 0 is greedy)
     generator  the torch.Generator for every random draw
-    Returns (committed, next_c): the tokens the step commits, d_1..d_n and the next token (a list of
-    ints), and the next token as a (1,) int64 tensor, the next step's c.
+    Returns (committed, next_x0): the tokens the step commits, d_1..d_n and the next token (a list of
+    ints), and the next token as a (1,) int64 tensor, the next step's x0.
     """
     draft_ids, q = drafter.propose(k, sampling, generator)  # 1. draft
     k = draft_ids.shape[0]  # a drafter may propose fewer
-    x = torch.cat([c, draft_ids]).view(1, k + 1)  # (1, K+1)
+    x = torch.cat([x0, draft_ids]).view(1, k + 1)  # (1, K+1)
     logits = target(x, cache=cache)[0]  # 2. one target forward: (K+1, V)
     p, u, e = target_draws(logits, sampling, k, generator)
     n, token = verify(draft_ids, p, q, u, e, greedy=sampling.greedy).tolist()  # 3. verify
-    cache.rollback(cache.length - k + n)  # 4. keep c, d_1..d_n of the k + 1 fed
+    cache.rollback(cache.length - k + n)  # 4. keep x0, d_1..d_n of the k + 1 fed
     drafter.commit(Verdict(draft_ids.tolist(), n, token))
     return draft_ids.tolist()[:n] + [token], torch.tensor([token])
 
@@ -81,8 +81,8 @@ def models():
 HINTS = {
     "no_rollback": "You keep the target's keys and values of the rejected drafts: the next step's tokens attend "
                    "to text that was never committed, and the output drifts away from the target's.",
-    "off_by_one_rollback": "You keep n positions of the k + 1 the step fed, instead of n + 1: c was fed before "
-                           "the drafts, so c and d_1..d_n are n + 1 positions. The target forgets a committed "
+    "off_by_one_rollback": "You keep n positions of the k + 1 the step fed, instead of n + 1: x0 was fed before "
+                           "the drafts, so x0 and d_1..d_n are n + 1 positions. The target forgets a committed "
                            "token every step.",
     "drafter_not_told": "You never call drafter.commit: the draft's cache keeps its rejected drafts and the draft "
                         "never hears the next token, so it drafts from the wrong text and its drafts are "
@@ -111,7 +111,7 @@ def _check_cache(cache, before, committed, i):
     diagnosis = ("no_rollback" if got == before + K + 1 else "off_by_one_rollback" if got == want - 1 else None)
     tokens = f"{len(committed)} token" + ("" if len(committed) == 1 else "s")
     raise Failure(f"After step {i + 1}, which committed {tokens}, the target's cache holds {got} positions, but it "
-                  f"should hold {want}: every committed token but the new c.", diagnosis)
+                  f"should hold {want}: every committed token but the new x0.", diagnosis)
 
 
 def _check_told(drafter, heard_before, committed, i):
@@ -129,13 +129,13 @@ def _check_told(drafter, heard_before, committed, i):
 def run_steps(fn, target, draft, baseline):
     """Call fn in a loop until NEW_TOKENS are committed, checking each step; the tokens per step."""
     cache, drafter = target.new_cache(CAPACITY), WatchedDrafter(draft, CAPACITY)
-    target(torch.tensor([PROMPT[:-1]]), cache=cache)  # the prompt but c
+    target(torch.tensor([PROMPT[:-1]]), cache=cache)  # the prompt but x0, its last token
     drafter.prefill(PROMPT)
-    c, g, out, per_step = torch.tensor(PROMPT[-1:]), torch.Generator().manual_seed(0), [], []
+    x0, g, out, per_step = torch.tensor(PROMPT[-1:]), torch.Generator().manual_seed(0), [], []
     while len(out) < len(baseline):
         i, before, heard = len(per_step), cache.length, len(drafter.verdicts)
-        result = call(fn, (target, cache, drafter, c, K, SamplingConfig(), g), f"step {i + 1}")
-        committed, c = _read_step(result, i)
+        result = call(fn, (target, cache, drafter, x0, K, SamplingConfig(), g), f"step {i + 1}")
+        committed, x0 = _read_step(result, i)
         _check_cache(cache, before, committed, i)
         _check_told(drafter, heard, committed, i)
         for j, t in enumerate(committed[:len(baseline) - len(out)]):
