@@ -296,6 +296,7 @@ def record_main(args, log):
         RECORD.write_text(json.dumps(r, indent=1) + "\n")
         print(format_record(r))
         print(f"-> {RECORD}, compiled from " + ", ".join(f"{s['file']} ({s['measured_at']})" for s in r["sources"]))
+        say_if_uncommitted(r["commit"])
         return
     parts, sha = measure_record(log=log)
     profile = parts["profile"]["doc"]["profile"]
@@ -306,3 +307,10 @@ def record_main(args, log):
     RECORD.write_text(json.dumps(r, indent=1) + "\n")
     print(format_record(r))
     print(f"-> {RECORD} and {machine.PROFILE}")
+    say_if_uncommitted(r["commit"])
+
+
+def say_if_uncommitted(sha):
+    if sha.endswith("+changes"):
+        print(f"warning: commit {sha} has uncommitted changes, and a record must name one commit; "
+              "commit them, run this again, and commit docs/record.json (tests/test_record.py checks it)")
