@@ -12,7 +12,7 @@ per chapter, so a failure names the chapter:
 - every plotly figure has a PNG beside it (viz.show), so the chapter reads where no JavaScript runs;
 - every chapter ends with exercises whose answers are collapsed, then a recap in prose and one check cell
   of at most 15 lines that calls its module in specdec_lab/lab/checks/ and runs a broken variant;
-- prose per chapter is counted and held to about 15,000 characters (about 2,500 words); a longer chapter is split;
+- prose per chapter is counted and held to about 18,000 characters (about 3,000 words); a longer chapter is split;
 - `make setup` installs the JupyterLab settings that keep the news prompt off the first chapter.
 
 `python tests/test_chapters.py` prints the prose count per chapter.
@@ -29,9 +29,9 @@ PACKAGE = "specdec_lab"
 CHECK_CELL_LINES = 15  # a chapter's check cell; its asserts live in specdec_lab/lab/checks/
 RECAP_CHARS = 400  # a recap is a few sentences at least
 WIDGET_STATE_LIMIT = 100_000  # bytes of JSON in the notebook's metadata["widgets"]
-# Characters of markdown per chapter (about 2,500 words). A cap of 9,000 made the prose clipped: a chapter
+# Characters of markdown per chapter (about 3,000 words). A cap of 9,000 made the prose clipped: a chapter
 # says what it needs in full sentences, and one that outgrows this is split in two rather than compressed.
-PROSE_GUIDE = 15_000
+PROSE_GUIDE = 18_000
 # Names of what a reader of the repository cannot see, spelled in pieces so that this file does not
 # itself cite them: a planning brief, the article the project grew from under a nickname, and a
 # claim about the machine the chapters were written on.

@@ -158,9 +158,8 @@ class Sources:
         self.outputs = "\n".join(_output_text(c) for n in chapters for c in n["cells"] if c["cell_type"] == "code")
 
     def backs(self, text, unit) -> bool:
-        rec = [f["value"] for f in self.record.values() if f["unit"] == RECORD_UNIT.get(unit)]
-        if _printed(text, unit, rec):
-            return True
+        """A figure of the record is quoted through its tag (rendered, never copied), so only runs and outputs
+        back an untagged figure."""
         if _printed(text, unit, [v for k, v in self.runs if re.search(KEY_OF[unit], k, re.I)]):
             return True
         number, unit_re = re.compile(r"(?<![\d.])" + re.escape(text) + r"(?![\d])"), re.compile(PRINTED_UNIT[unit])
@@ -215,6 +214,10 @@ def test_a_figure_nothing_holds_fails_and_a_tagged_one_must_be_the_records():
     assert unbacked("The shipped draft ran <!--record:speedup_k2_t0-->9.87x.", sources)[0][1] == \
         "a tagged figure the record does not hold"
     assert unbacked("On the H100 it ran 9.87x.", sources) == [], "another machine's figure is its own"
+    fake = {"figures": {"speedup_k2_t0": {**RECORD["figures"]["speedup_k2_t0"], "value": 9.87, "text": "9.87x"}}}
+    assert unbacked("The shipped draft ran 9.87x at K = 2.", Sources(nb, rec=fake), rec=fake) != [], \
+        "a record figure copied by hand, without its tag, is not backed"
+    assert unbacked("It ran <!--record:speedup_k2_t0-->9.87x at K = 2.", Sources(nb, rec=fake), rec=fake) == []
 
 
 def test_the_chapters_tag_the_core_figures():
