@@ -220,6 +220,13 @@ def test_a_figure_nothing_holds_fails_and_a_tagged_one_must_be_the_records():
     assert unbacked("It ran <!--record:speedup_k2_t0-->9.87x at K = 2.", Sources(nb, rec=fake), rec=fake) == []
 
 
+def test_the_readme_quotes_the_record_through_its_tags():
+    text = (ROOT / "README.md").read_text()
+    assert record.render_markdown(text, RECORD) == text, "the README's tagged figures are not the record's"
+    assert {"speedup_k2_t0", "speedup_lookup_t0", "speedup_self_t0"} <= set(m.group(1) for m in record.TAG.finditer(text))
+    assert unbacked(text, Sources({"cells": [{"cell_type": "markdown", "source": [text]}]})) == []
+
+
 def test_the_chapters_tag_the_core_figures():
     tagged = {m.group(1) for p in NOTEBOOKS for c in json.loads(p.read_text())["cells"]
               if c["cell_type"] == "markdown" for m in record.TAG.finditer("".join(c["source"]))}

@@ -288,8 +288,14 @@ def format_record(r) -> str:
 def record_main(args, log):
     """`record`: measure (resuming), write docs/record.json and the profile, print the figures; --render."""
     if args.render:
-        changed = render_notebooks(load_record())
-        print(f"rewrote the tagged figures of {len(changed)} chapter(s): {', '.join(changed) or 'none'}")
+        rec = load_record()
+        changed = render_notebooks(rec)
+        readme = ROOT / "README.md"
+        text = readme.read_text()
+        if render_markdown(text, rec) != text:
+            readme.write_text(render_markdown(text, rec))
+            changed.append(readme.name)
+        print(f"rewrote the tagged figures of {len(changed)} file(s): {', '.join(changed) or 'none'}")
         return
     if args.from_stored:
         r = record_from_stored(commit())
