@@ -22,8 +22,11 @@ def eagle3_claims(agree, outputs, reference, stored):
     `reference`, and its teacher-forced agreement `agree` at depths 1, 2, 3 stays near the `stored`
     depth-1 agreement and keeps most of it at depths 2 and 3."""
     assert outputs == reference, "greedy speculative output must be the target's own greedy decode"
-    assert agree[0] > stored - 0.1, "depth 1 must agree about as often as the stored run"
-    assert min(agree[1:]) > 0.65 * agree[0], "depths 2 and 3 must keep most of depth 1's agreement"
+    assert agree[0] > stored - 0.1, \
+        f"depth 1 agreed {agree[0]:.3f}, more than 0.1 below the stored {stored:.3f} (four standard errors)"
+    kept = [a / agree[0] for a in agree[1:]]
+    assert min(kept) > 0.65, (f"depths 2 and 3 kept {kept[0]:.2f} and {kept[1]:.2f} of depth 1's agreement; "
+                              "the claim is more than 0.65 each (the shipped draft keeps about 0.8)")
 
 
 def draft_shapes(target, token_draft, feature, eagle3, h, f, h3, config):
