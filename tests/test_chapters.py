@@ -261,6 +261,9 @@ def test_ends_with_a_recap_and_one_short_check_cell(path):
     calls = {n.func.id for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
     assert "must_fail" in calls, f"{path.name}: the check cell runs a broken variant through must_fail"
     assert (ROOT / "tests" / f"test_checks_{modules[0]}.py").exists(), f"{path.name}: tests/test_checks_{modules[0]}.py"
+    shown = "".join("".join(o.get("text", "")) for o in check.get("outputs", []))
+    assert "must" in shown and "all claims hold" in shown, \
+        f"{path.name}: the saved check cell must show its broken variant failing and the claims holding"
 
 
 def check_modules(tree):
