@@ -366,7 +366,10 @@ print(json.dumps([status("VmRSS") - before, status("VmHWM") - before,
                          env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert out.returncode == 0, out.stderr[-2000:]
     added, peak, weights = json.loads(out.stdout.strip().splitlines()[-1])
-    most, highest = (1.06, 1.25) if layout == "read" else (0.1, 0.15)
+    # The peak moves from load to load: 1.08 to 1.29 times the weights over 8 fresh loads of the read layout
+    # on this machine (the allocator's timing). A second copy of the weights, the bug this guards against,
+    # peaked at 1.8, so the bound sits between the two.
+    most, highest = (1.06, 1.5) if layout == "read" else (0.1, 0.15)
     assert added < most * weights, f"loading added {added / 1e6:.0f} MB resident for {weights / 1e6:.0f} MB of weights"
     assert peak < highest * weights, f"loading peaked {peak / 1e6:.0f} MB above its start for {weights / 1e6:.0f} MB of weights"
 
