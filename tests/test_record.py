@@ -145,14 +145,13 @@ def _printed(text, unit, values) -> bool:
 
 
 class Sources:
-    """What may back one chapter's figures: the record, its stored runs, its own stored outputs."""
+    """What may back one chapter's untagged figures: the stored runs it names, its own and its cited chapters' outputs."""
 
-    def __init__(self, nb, rec=RECORD):
+    def __init__(self, nb):
         text = json.dumps(nb)
         names = sorted({n for n in re.findall(r"(\w+)\.json", text)
                         if (ROOT / "docs" / f"{n}.json").exists()} - {"record"})
         self.runs = [kv for n in names for kv in _leaves(json.loads((ROOT / "docs" / f"{n}.json").read_text()))]
-        self.record = rec["figures"]
         cited = {f"{n}_" for n in re.findall(r"[Cc]hapter (\d\d)", text)}
         chapters = [nb] + [json.loads(p.read_text()) for p in NOTEBOOKS if p.name[:3] in cited]
         self.outputs = "\n".join(_output_text(c) for n in chapters for c in n["cells"] if c["cell_type"] == "code")
@@ -215,9 +214,9 @@ def test_a_figure_nothing_holds_fails_and_a_tagged_one_must_be_the_records():
         "a tagged figure the record does not hold"
     assert unbacked("On the H100 it ran 9.87x.", sources) == [], "another machine's figure is its own"
     fake = {"figures": {"speedup_k2_t0": {**RECORD["figures"]["speedup_k2_t0"], "value": 9.87, "text": "9.87x"}}}
-    assert unbacked("The shipped draft ran 9.87x at K = 2.", Sources(nb, rec=fake), rec=fake) != [], \
+    assert unbacked("The shipped draft ran 9.87x at K = 2.", Sources(nb), rec=fake) != [], \
         "a record figure copied by hand, without its tag, is not backed"
-    assert unbacked("It ran <!--record:speedup_k2_t0-->9.87x at K = 2.", Sources(nb, rec=fake), rec=fake) == []
+    assert unbacked("It ran <!--record:speedup_k2_t0-->9.87x at K = 2.", Sources(nb), rec=fake) == []
 
 
 def test_the_readme_quotes_the_record_through_its_tags():

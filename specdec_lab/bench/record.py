@@ -292,8 +292,9 @@ def record_main(args, log):
         changed = render_notebooks(rec)
         readme = ROOT / "README.md"
         text = readme.read_text()
-        if render_markdown(text, rec) != text:
-            readme.write_text(render_markdown(text, rec))
+        rendered = render_markdown(text, rec)
+        if rendered != text:
+            readme.write_text(rendered)
             changed.append(readme.name)
         print(f"rewrote the tagged figures of {len(changed)} file(s): {', '.join(changed) or 'none'}")
         return
