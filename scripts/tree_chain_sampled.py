@@ -1,6 +1,7 @@
 """The chain through the tree engine against the chain engine, sampled, with several seeds per prompt.
 
-    OMP_NUM_THREADS=1 python scripts/tree_chain_sampled.py [--prompts 8] [--seeds 3] [--out docs/tree_chain_sampled.json]
+    OMP_NUM_THREADS=1 python scripts/tree_chain_sampled.py [--prompts 8] [--seeds 3] \
+        [--out docs/tree_chain_sampled.json]
 
 A tree of one child per level, (1, 1, 1, 1), verified by the tree engine's default rule ("sampled",
 Sequoia's, which for one child is the chain's rule), must commit as many tokens per step as the chain

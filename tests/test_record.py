@@ -145,7 +145,8 @@ def _printed(text, unit, values) -> bool:
 
 
 class Sources:
-    """What may back one chapter's untagged figures: the stored runs it names, its own and its cited chapters' outputs."""
+    """What may back one chapter's untagged figures: the stored runs it names, and its own and its cited
+    chapters' outputs."""
 
     def __init__(self, nb):
         text = json.dumps(nb)
@@ -222,7 +223,8 @@ def test_a_figure_nothing_holds_fails_and_a_tagged_one_must_be_the_records():
 def test_the_readme_quotes_the_record_through_its_tags():
     text = (ROOT / "README.md").read_text()
     assert record.render_markdown(text, RECORD) == text, "the README's tagged figures are not the record's"
-    assert {"speedup_k2_t0", "speedup_lookup_t0", "speedup_self_t0"} <= set(m.group(1) for m in record.TAG.finditer(text))
+    tagged = {m.group(1) for m in record.TAG.finditer(text)}
+    assert {"speedup_k2_t0", "speedup_lookup_t0", "speedup_self_t0"} <= tagged
     assert unbacked(text, Sources({"cells": [{"cell_type": "markdown", "source": [text]}]})) == []
 
 
