@@ -87,13 +87,19 @@ def test_fragmentation_figure_draws_both_designs():
     assert {t.name.split(":")[0] for t in fig.data} == {"contiguous", "paged"}
 
 
-def test_speedup_heatmap_puts_white_at_break_even():
+def test_speedup_heatmap_puts_white_at_break_even_and_each_blue_at_its_own_speedup():
+    def colour_at(heat, speedup):
+        return {round(heat.zmin + f * (heat.zmax - heat.zmin), 6): colour for f, colour in heat.colorscale}[speedup]
+
     heat = viz.speedup_heatmap([0.0, 0.5, 0.9], [1, 4, 8], 0.2).data[0]
-    (start, low), (mid, white), (end, high) = heat.colorscale
-    assert low == viz.BAD and white == viz.WHITE and high == viz.BLUE
-    assert heat.zmin + mid * (heat.zmax - heat.zmin) == pytest.approx(1.0)
+    assert heat.colorscale[0][1] == viz.BAD and heat.colorscale[-1][1] == viz.BLUE, "red below 1, blue at the top"
+    assert colour_at(heat, 1.0) == viz.WHITE, "white at break-even"
+    narrow = viz.speedup_heatmap([0.3, 0.5], [1, 2], 0.05).data[0]
+    wide = viz.speedup_heatmap([0.5, 0.95], [1, 8], 0.0).data[0]
+    assert colour_at(narrow, 1.5) == colour_at(wide, 1.5), "1.5x takes one colour whatever the range"
+    assert [f for f, _ in wide.colorscale] == sorted(f for f, _ in wide.colorscale)
     only_gains = viz.speedup_heatmap([0.8, 0.9], [1, 2], 0.0).data[0]
-    assert only_gains.colorscale[0][1] == viz.WHITE
+    assert only_gains.colorscale[0][1] == viz.WHITE and only_gains.zmin == 1.0
 
 
 # ----------------------------------------------------------------------------- chapters 07, 09 and 11
@@ -126,7 +132,8 @@ def test_k_sweep_figure_draws_measured_predictions_and_the_k_plus_1_ceiling():
                                            predicted_tokens_per_step=[1.6, 2.0, 2.5],
                                            predicted_speedups={"Theorem 3.8": [1.3, 1.5, 1.6]}))
     names = [t.name for t in fig.data]
-    assert names == ["ceiling K+1", "measured", "predicted from alpha", "measured", "Theorem 3.8"]
+    assert names == ["ceiling K+1", "measured", "predicted from alpha", "measured speedup", "Theorem 3.8"]
+    assert fig.data[1].line.color != fig.data[3].line.color, "tokens per step and speedup in two colours"
     assert list(fig.data[0].y) == [2, 3, 5]
     assert len(_pure(lambda: viz.k_sweep_figure([1, 2], [1.0, 1.0], [0.9, 0.8])).data) == 3
 

@@ -18,6 +18,10 @@ What it holds, all on one thread unless said otherwise (`threads`):
   interleaved run: the token draft, the feature draft and the EAGLE-3 draft.
 
 A chapter that measures one of these live prints it as today's, beside the profile's.
+
+Machines of one kind differ: the profile's CPU has AVX2, and `docs/machine_profile_avx512.json` is
+the same command's profile of a CPU of the same 2-core kind with AVX-512 (AVX512_PROFILE), where the
+forward stays flat to 8 rows instead of 3. `cpu_name()` says which a run had.
 """
 import datetime
 import json
@@ -36,6 +40,7 @@ from .run import BenchConfig, run_systems
 from .systems import System
 
 PROFILE = Path(__file__).resolve().parents[2] / "docs" / "machine_profile.json"
+AVX512_PROFILE = PROFILE.with_name("machine_profile_avx512.json")   # the same figures on an AVX-512 CPU
 ROWS = [1, 2, 3, 4, 5, 6, 8, 9, 12, 17, 24, 33]
 CONTEXT = 64
 RIDGE_RATIO = 1.25

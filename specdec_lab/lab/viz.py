@@ -130,23 +130,38 @@ def acceptance_figure(p, q, labels=None) -> go.Figure:
 def pvalue_histogram_figure(pvalues_by_name, bins=10, threshold=1e-3, colors=None) -> go.Figure:
     """Histograms of chi-square p-values, one per sampler ({name: [p-value per run]}), on [0, 1]
     in `bins` equal bins, as a share of each sampler's runs. A sampler distributed as the target
-    gives uniform p-values: every bin near 1 / bins (dashed). `threshold` is marked.
+    gives uniform p-values: every bin near 1 / bins (dashed). The samplers' bars stand side by side
+    in each bin, so that none hides another. `threshold` is marked.
     colors: {name: colour} for some samplers (e.g. GOOD, BAD); the others take PALETTE's."""
     if isinstance(bins, bool) or not isinstance(bins, int) or bins < 2:
         raise ValueError(f"bins must be an int >= 2, got {bins!r}")
     fig = go.Figure()
     for i, (name, values) in enumerate(pvalues_by_name.items()):
         fig.add_trace(go.Histogram(x=list(values), name=f"{name} ({len(values)} runs)", histnorm="probability",
-                                   xbins=dict(start=0.0, end=1.0, size=1.0 / bins), opacity=0.7,
+                                   xbins=dict(start=0.0, end=1.0, size=1.0 / bins),
                                    marker_color=(colors or {}).get(name, PALETTE[i % len(PALETTE)])))
     fig.add_hline(y=1.0 / bins, line=dict(color="black", dash="dash"), annotation_text="uniform",
                   annotation_position="top right")
     fig.add_vline(x=threshold, line=dict(color=BAD, dash="dot"))
     fig.update_xaxes(title_text="chi-square p-value", range=[0, 1])
     fig.update_yaxes(title_text="share of runs")
-    fig.update_layout(barmode="overlay", height=400, legend=dict(orientation="h", y=-0.25),
+    fig.update_layout(barmode="group", bargroupgap=0.05, height=400, legend=dict(orientation="h", y=-0.25),
                       title="What passing looks like: p-values of many runs, each run a fresh set of seeds")
     return fig
+
+
+# Speedups and their colours: white at break-even, then blues that darken by speedup (not by the share
+# of the range), so that 1.5x looks the same in every heatmap and a gain of 1.2x is already visible.
+SPEEDUP_STOPS = [(1.0, WHITE), (1.25, "#c6dbef"), (1.5, "#9ecae1"), (2.0, "#4292c6"), (3.0, "#2171b5"),
+                 (5.0, BLUE)]
+
+
+def _speedup_scale(lo, hi):
+    """(colour scale, zmin, zmax) for speedups in [lo, hi]: SPEEDUP_STOPS at their own speedups, red at
+    lo when lo < 1. The range runs from min(lo, 1) to at least the last stop, so the stops never move."""
+    zmin, zmax = min(lo, 1.0), max(hi, SPEEDUP_STOPS[-1][0])
+    stops = ([(zmin, BAD)] if zmin < 1.0 else []) + SPEEDUP_STOPS + [(zmax, BLUE)]
+    return [[(x - zmin) / (zmax - zmin), colour] for x, colour in stops if x <= zmax], zmin, zmax
 
 
 def speedup_heatmap(alphas, ks, c) -> go.Figure:
@@ -154,15 +169,8 @@ def speedup_heatmap(alphas, ks, c) -> go.Figure:
     with the best K for each alpha marked and the break-even contour at 1."""
     z = [[expected_speedup(a, k, c) for a in alphas] for k in ks]
     best = [max(ks, key=lambda k: expected_speedup(a, k, c)) for a in alphas]
-    lo, hi = min(map(min, z)), max(map(max, z))
-    white_at = (1.0 - lo) / (hi - lo) if hi > lo else 0.5  # where speedup 1 falls on the colour scale
-    if white_at <= 0:
-        scale = [[0.0, WHITE], [1.0, BLUE]]  # a speedup everywhere
-    elif white_at >= 1:
-        scale = [[0.0, BAD], [1.0, WHITE]]  # a slowdown everywhere
-    else:
-        scale = [[0.0, BAD], [white_at, WHITE], [1.0, BLUE]]
-    fig = go.Figure(go.Heatmap(x=alphas, y=ks, z=z, colorscale=scale, zmin=lo, zmax=hi,
+    scale, zmin, zmax = _speedup_scale(min(map(min, z)), max(map(max, z)))
+    fig = go.Figure(go.Heatmap(x=alphas, y=ks, z=z, colorscale=scale, zmin=zmin, zmax=zmax,
                                colorbar=dict(title="speedup"),
                                hovertemplate="alpha %{x:.2f}, K %{y}: %{z:.2f}x<extra></extra>"))
     fig.add_trace(go.Contour(x=alphas, y=ks, z=z, contours=dict(start=1, end=1, coloring="none",
@@ -345,8 +353,8 @@ def k_sweep_figure(ks, tokens_per_step, speedup, predicted_tokens_per_step=None,
     if predicted_tokens_per_step is not None:
         fig.add_trace(go.Scatter(x=ks, y=predicted_tokens_per_step, mode="lines", name="predicted from alpha",
                                  line=dict(color=PALETTE[1], dash="dash")), row=1, col=1)
-    fig.add_trace(go.Scatter(x=ks, y=speedup, mode="lines+markers", name="measured", showlegend=False,
-                             line=dict(color=PALETTE[0]), legendgroup="measured"), row=1, col=2)
+    fig.add_trace(go.Scatter(x=ks, y=speedup, mode="lines+markers", name="measured speedup",
+                             line=dict(color=PALETTE[4])), row=1, col=2)   # its own colour: not tokens per step
     for i, (label, values) in enumerate((predicted_speedups or {}).items()):
         fig.add_trace(go.Scatter(x=ks, y=values, mode="lines+markers", name=label, marker=dict(symbol="x"),
                                  line=dict(color=PALETTE[(i + 1) % len(PALETTE)], dash="dash")), row=1, col=2)
