@@ -431,11 +431,20 @@ def test_a_bad_name_is_refused_with_the_allowed_ones():
 
 
 def test_the_report_reads_as_a_coloured_box():
-    good = exercises.check("speedup", exercises.solution("speedup"))
+    good = exercises.check("speedup", lambda *args: exercises.solution("speedup")(*args))   # a learner's, correct
     bad = exercises.check("speedup", speedup_c_once)
     assert "#1a7f37" in good._repr_html_() and "Passed" in good._repr_html_()
+    assert repr(good).startswith("speedup: passed. Your speedups")
     assert "#b42318" in bad._repr_html_() and "c_not_times_k" in bad._repr_html_()
     assert repr(bad).startswith("speedup: not yet.") and "k * c" in repr(bad)
+
+
+def test_a_report_on_the_reference_says_the_reference_passed_not_yours():
+    report = exercises.check("speedup", exercises.solution("speedup"))
+    assert report.passed and report.reference
+    assert repr(report).startswith("speedup: the reference solution passed") and "Its speedups" in repr(report)
+    assert "Your" not in repr(report).split(").", 1)[1] and "Passed" not in report._repr_html_()
+    assert "NotImplementedError until you write it" in report._repr_html_()
 
 
 def test_a_sampled_check_is_deterministic_even_with_the_global_generator():

@@ -42,10 +42,26 @@ class Report:
     message: str  # what failed and on which case, or what was checked
     diagnosis: str | None = None  # the known mistake the behaviour matches, or None
     hint: str = ""  # what the diagnosed mistake does, in a sentence
+    reference: bool = False  # the function graded was the library's own solution, not the learner's
+
+    @property
+    def verdict(self) -> str:
+        """What passed: a stored chapter grades the reference (SPECDEC_LAB_EXERCISES=reference), and says so."""
+        if not self.reference:
+            return "passed"
+        return ("the reference solution passed (the saved output grades it; in your own kernel the cell grades "
+                "your function, which raises NotImplementedError until you write it)")
+
+    @property
+    def said(self) -> str:
+        """The message, about the reference where the reference was graded ("Your step ran" -> "Its step ran")."""
+        if self.reference and self.message.startswith(("Your ", "You ")):
+            return ("Its " if self.message.startswith("Your ") else "It ") + self.message.split(" ", 1)[1]
+        return self.message
 
     def __repr__(self):
         if self.passed:
-            return f"{self.exercise}: passed. {self.message}"
+            return f"{self.exercise}: {self.verdict}. {self.said}"
         lines = [f"{self.exercise}: not yet. {self.message}"]
         if self.diagnosis:
             lines.append(f"Diagnosis: {self.diagnosis}. {self.hint}".rstrip())
@@ -54,7 +70,10 @@ class Report:
     def _repr_html_(self):
         colour, background, verdict = (("#1a7f37", "#e6f4ea", "Passed") if self.passed
                                        else ("#b42318", "#fdecea", "Not yet"))
-        body = f"<p style='margin:0'><b>{verdict}: {html.escape(self.exercise)}.</b> {html.escape(self.message)}</p>"
+        head = f"{verdict}: {html.escape(self.exercise)}."
+        if self.passed and self.reference:
+            head = f"{html.escape(self.exercise)}: {html.escape(self.verdict)}."
+        body = f"<p style='margin:0'><b>{head}</b> {html.escape(self.said)}</p>"
         if not self.passed and self.diagnosis:
             body += (f"<p style='margin:6px 0 0 0'><b>Diagnosis: <code>{html.escape(self.diagnosis)}</code>.</b> "
                      f"{html.escape(self.hint)}</p>")
