@@ -152,8 +152,8 @@ def pvalue_histogram_figure(pvalues_by_name, bins=10, threshold=1e-3, colors=Non
 
 # Speedups and their colours: white at break-even, then blues that darken by speedup (not by the share
 # of the range), so that 1.5x looks the same in every heatmap and a gain of 1.2x is already visible.
-SPEEDUP_STOPS = [(1.0, WHITE), (1.25, "#c6dbef"), (1.5, "#9ecae1"), (2.0, "#4292c6"), (3.0, "#2171b5"),
-                 (5.0, BLUE)]
+SPEEDUP_STOPS = [(1.0, WHITE), (1.1, "#c6dbef"), (1.25, "#9ecae1"), (1.5, "#6baed6"), (2.0, "#4292c6"),
+                 (3.0, "#2171b5"), (5.0, BLUE)]
 
 
 def _speedup_scale(lo, hi):
