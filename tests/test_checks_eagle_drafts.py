@@ -1,5 +1,5 @@
 """Chapter 10's checks (specdec_lab/lab/checks/eagle_drafts.py) pass on the chapter's pieces and fail on
-broken ones: the EAGLE-3 claim on the two broken drafts' figures, the stored figures on a copy of a stored
+broken ones: the EAGLE-3 claim on the four broken drafts' figures, the stored figures on a copy of a stored
 run with one figure changed, and the shapes on the fed-back state taken after the norm."""
 import copy
 import json
@@ -18,12 +18,13 @@ STORED_EAGLE3 = 0.435
 # The chapter's live figures (its saved outputs): agreement by depth of the correct draft and the two broken ones.
 OWN, STALE, TOP_THREE = [0.445, 0.354, 0.342], [0.445, 0.285, 0.236], [0.073, 0.066, 0.068]
 OFF_BY_ONE = [0.365, 0.362, 0.310]   # layers 2, 15 and 27: vLLM's 1-based ids taken as 0-based
+NORM_FED = [0.445, 0.080, 0.139]     # the port that feeds back norm(h), what the head reads, instead of h
 ANSWERS = [[1, 2, 3], [4, 5]]
 
 
 def test_the_eagle3_claim_holds_on_the_draft_and_fails_on_the_broken_ones():
     checks.eagle3_claims(OWN, ANSWERS, ANSWERS, STORED_EAGLE3)
-    for agree in (TOP_THREE, STALE, OFF_BY_ONE):
+    for agree in (TOP_THREE, STALE, OFF_BY_ONE, NORM_FED):
         with pytest.raises(AssertionError):
             checks.eagle3_claims(agree, ANSWERS, ANSWERS, STORED_EAGLE3)
     with pytest.raises(AssertionError, match="greedy"):
@@ -96,19 +97,31 @@ def stored():
     return acc, json.loads((DOCS / "lab_drafts.json").read_text())["systems"]
 
 
+def feature_run():
+    """The greedy systems of docs/bench_feature_draft.json, as the chapter reads them."""
+    bench = json.loads((DOCS / "bench_feature_draft.json").read_text())
+    return next(r for r in bench["results"] if r["temperature"] == 0.0)["systems"]
+
+
 def test_the_stored_figures_and_a_copy_with_one_figure_changed():
     acc, run = stored()
     profile, speed, measured, ratios = section_5(acc, run)
-    checks.stored_figures(profile, acc, speed, measured, ratios)
+    bench = feature_run()
+    checks.stored_figures(profile, acc, speed, measured, ratios, bench)
     changed = copy.deepcopy(run)
     changed["EAGLE-3 draft, K = 3"]["over_autoregressive"] = 1.2
     with pytest.raises(AssertionError, match="both pay"):
-        checks.stored_figures(profile, acc, *section_5(acc, changed)[1:])
+        checks.stored_figures(profile, acc, *section_5(acc, changed)[1:], bench)
     changed = copy.deepcopy(acc)
     changed["drafts"]["eagle3"]["engines"]["lab"]["tau"] = 1.7
     profile, speed, measured, ratios = section_5(changed, run)
     with pytest.raises(AssertionError, match="tau"):
-        checks.stored_figures(profile, changed, speed, measured, ratios)
+        checks.stored_figures(profile, changed, speed, measured, ratios, bench)
+    profile, speed, measured, ratios = section_5(acc, run)
+    changed = copy.deepcopy(bench)
+    changed["spec_feat_k3"]["vs_ar"] = 1.3
+    with pytest.raises(AssertionError, match="its own run"):
+        checks.stored_figures(profile, acc, speed, measured, ratios, changed)
 
 
 def test_the_answers_figures():

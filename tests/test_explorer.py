@@ -35,6 +35,24 @@ def test_the_figure_marks_each_best_k_and_the_measured_dots_and_the_sliders_redr
     assert "image/png" in bundle and "application/vnd.jupyter.widget-view+json" in bundle, "live and saved, both"
 
 
+def test_further_pricings_and_measured_series_are_drawn_under_their_own_names():
+    run = {1: 1.04, 2: 1.09, 3: 1.13}  # a stored run's v_K, priced only to K = 3
+    curves = speedup_curves(0.454, 0.026, VERIFY, k_max=8, label="AVX2 profile", others={"the run": run})
+    assert list(curves) == ["theorem", "AVX2 profile", "the run"]
+    assert curves["the run"] == [expected_speedup(0.454, k, 0.026, run[k]) for k in (1, 2, 3)], "only the K it prices"
+    with pytest.raises(ValueError, match="own name"):
+        speedup_curves(0.454, 0.026, VERIFY, others={"theorem": run})
+    loop, whole = {1: 1.29, 2: 1.38, 9: 1.0}, {1: 1.25, 2: 1.33}
+    explorer = SpeedupExplorer(VERIFY, {"S_loop": loop, "S": whole}, alpha=0.454, c=0.026, label="AVX2 profile",
+                               others={"the run": run})
+    names = [t.name for t in explorer.figure.data if t.name]
+    assert names == ["predicted, theorem (best K 4)", "predicted, AVX2 profile (best K 2)",
+                     "predicted, the run (best K 2)", "S_loop", "S"], names
+    assert [len(t.x) for t in explorer.figure.data if t.name in ("S_loop", "S")] == [2, 2], "K <= largest K"
+    fig = speedup_figure(0.454, 0.026, VERIFY, measured={1: 1.29}, measured_label="decode loops")
+    assert "decode loops" in [t.name for t in fig.data], "one K -> ratio mapping takes measured_label"
+
+
 def test_the_acceptance_explorer_normalises_its_weights_and_every_bar_still_ends_at_p():
     from specdec_lab.lab.explorer import AcceptanceExplorer
     explorer = AcceptanceExplorer([3, 1, 0, 0], [1, 1, 1, 1], labels=list("abcd"))

@@ -6,9 +6,10 @@ on sliders.
     explorer = SpeedupExplorer(verify_cost, measured, alpha=0.454, c=0.026)
     explorer.show()      # live sliders in a running kernel; a picture of the starting values elsewhere
 
-Two predicted curves over K: Theorem 3.8's, which prices the verification forward at one forward, and the
-same formula with this machine's v_K (`verify_cost`, K -> one-row forwards, from the machine profile). Beside
-them, dots for a stored run's measured speedups (`measured`, K -> ratio over plain decoding), when given.
+Predicted curves over K: Theorem 3.8's, which prices the verification forward at one forward, the same
+formula with one machine's v_K (`verify_cost`, K -> one-row forwards, named `label`), and one curve for each
+further pricing in `others` (name -> v_K by K). Beside them, dots for a stored run's measured speedups
+(`measured`: K -> ratio over plain decoding, named `measured_label`; or name -> K -> ratio for several).
 """
 import ipywidgets as W
 import plotly.graph_objects as go
@@ -21,32 +22,56 @@ from .viz import BAD, NEUTRAL, PALETTE, acceptance_figure
 K_MAX = 12
 
 
-def speedup_curves(alpha, c, verify_cost, k_max=K_MAX) -> dict:
-    """Predicted speedup at K = 1..k_max: 'theorem' (verification = one forward) and 'this machine'
-    (verification = verify_cost[K] one-row forwards)."""
+def speedup_curves(alpha, c, verify_cost, k_max=K_MAX, label="this machine", others=None) -> dict:
+    """Predicted speedup at K = 1..k_max: 'theorem' (verification = one forward) and `label`
+    (verification = verify_cost[K] one-row forwards), then one curve per entry of `others` (name -> v_K by K)
+    over the K from 1 up that it prices, at most k_max."""
     if not 0 <= alpha < 1 or c < 0:
         raise ValueError(f"alpha must be in [0, 1) and c >= 0, got alpha={alpha}, c={c}")
     missing = [k for k in range(1, k_max + 1) if k not in verify_cost]
     if missing:
         raise ValueError(f"verify_cost must price every K from 1 to {k_max}; missing {missing}")
     ks = range(1, k_max + 1)
-    return {"theorem": [expected_speedup(alpha, k, c) for k in ks],
-            "this machine": [expected_speedup(alpha, k, c, verify_cost[k]) for k in ks]}
+    curves = {"theorem": [expected_speedup(alpha, k, c) for k in ks],
+              label: [expected_speedup(alpha, k, c, verify_cost[k]) for k in ks]}
+    for name, cost in (others or {}).items():
+        if name in curves or 1 not in cost:
+            raise ValueError(f"each of `others` needs its own name and a v_K from K = 1; got {name!r}")
+        priced = [k for k in ks if all(j in cost for j in range(1, k + 1))]
+        curves[name] = [expected_speedup(alpha, k, c, cost[k]) for k in priced]
+    return curves
 
 
-def speedup_figure(alpha, c, verify_cost, measured=None, k_max=K_MAX) -> go.Figure:
-    """The two predicted curves over K with each one's best K marked, and the measured dots."""
-    ks = list(range(1, k_max + 1))
+def measured_series(measured, label="measured (stored run)") -> dict:
+    """`measured` as name -> K -> ratio: one K -> ratio mapping is one series named `label`."""
+    if not measured:
+        return {}
+    return measured if isinstance(next(iter(measured.values())), dict) else {label: measured}
+
+
+# the predicted curves' colours, red left out: it marks break-even
+CURVE_COLORS = [PALETTE[i] for i in (0, 1, 2, 4, 5, 6, 7)]
+# the measured series' markers, in order: the first filled black, the next ones hollow
+MEASURED_MARKERS = [dict(size=9, color="black"), dict(size=9, color=NEUTRAL, symbol="circle-open", line=dict(width=2)),
+                    dict(size=9, color=NEUTRAL, symbol="diamond-open", line=dict(width=2))]
+
+
+def speedup_figure(alpha, c, verify_cost, measured=None, k_max=K_MAX, label="this machine", others=None,
+                   measured_label="measured (stored run)") -> go.Figure:
+    """The predicted curves over K (speedup_curves) with each one's best K marked, and the measured dots."""
     fig = go.Figure()
-    for (name, ys), color in zip(speedup_curves(alpha, c, verify_cost, k_max).items(), (PALETTE[0], PALETTE[1])):
+    curves = speedup_curves(alpha, c, verify_cost, k_max, label, others)
+    for i, (name, ys) in enumerate(curves.items()):
+        ks, color = list(range(1, len(ys) + 1)), CURVE_COLORS[i % len(CURVE_COLORS)]
         best = max(ks, key=lambda k: ys[k - 1])
         fig.add_trace(go.Scatter(x=ks, y=ys, mode="lines+markers", name=f"predicted, {name} (best K {best})",
                                  line=dict(color=color)))
         fig.add_trace(go.Scatter(x=[best], y=[ys[best - 1]], mode="markers", showlegend=False,
                                  marker=dict(size=14, color=color, symbol="star")))
-    if measured:
-        fig.add_trace(go.Scatter(x=list(measured), y=list(measured.values()), mode="markers",
-                                 name="measured (stored run)", marker=dict(size=9, color="black")))
+    for i, (name, points) in enumerate(measured_series(measured, measured_label).items()):
+        points = {k: x for k, x in points.items() if k <= k_max}
+        fig.add_trace(go.Scatter(x=list(points), y=list(points.values()), mode="markers", name=name,
+                                 marker=MEASURED_MARKERS[i % len(MEASURED_MARKERS)]))
     fig.add_hline(y=1.0, line=dict(color=BAD, dash="dot"))
     fig.update_layout(title=f"Predicted speedup over plain decoding at alpha = {alpha:.3f}, c = {c:.3f}",
                       xaxis=dict(title="K, drafted tokens per step", dtick=1, gridcolor="#eeeeee"),
@@ -89,8 +114,10 @@ class _LiveFigure:
 class SpeedupExplorer(_LiveFigure):
     """Sliders for alpha, c and the largest K over `speedup_figure`, redrawn as they move."""
 
-    def __init__(self, verify_cost, measured=None, alpha=0.45, c=0.026):
-        self.verify_cost, self.measured = verify_cost, measured
+    def __init__(self, verify_cost, measured=None, alpha=0.45, c=0.026, label="this machine", others=None,
+                 measured_label="measured (stored run)"):
+        self.verify_cost, self.label, self.others = verify_cost, label, others
+        self.measured = measured_series(measured, measured_label)
         style = {"description_width": "initial"}
         self.alpha = W.FloatSlider(alpha, min=0.0, max=0.95, step=0.001, readout_format=".3f",
                                    description="alpha", style=style)
@@ -100,8 +127,8 @@ class SpeedupExplorer(_LiveFigure):
         self._build(W.HBox(list(self.sliders)))
 
     def current_figure(self) -> go.Figure:
-        measured = {k: v for k, v in (self.measured or {}).items() if k <= self.k_max.value}
-        return speedup_figure(self.alpha.value, self.c.value, self.verify_cost, measured, self.k_max.value)
+        return speedup_figure(self.alpha.value, self.c.value, self.verify_cost, self.measured, self.k_max.value,
+                              self.label, self.others)
 
 
 class AcceptanceExplorer(_LiveFigure):

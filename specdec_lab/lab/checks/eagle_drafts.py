@@ -3,8 +3,9 @@ of acceptance, the stored figures the chapter quotes, and the claim on an EAGLE-
 draft must fail.
 
 `eagle3_claims` is the engine claim: the chapter runs it on the shipped EAGLE-3 draft and, through
-`must_fail`, on two broken drafts (the weights fed the top three layers, and the drafter that feeds back
-the last true state). The other functions hold the figures the prose quotes, each section's in one.
+`must_fail`, on four broken drafts (the weights fed the top three layers, or the layers one above
+their own; a port that feeds back norm(h); the drafter that feeds back the last true state). The other
+functions hold the figures the prose quotes, each section's in one.
 """
 import torch
 
@@ -97,10 +98,12 @@ def confidence(table, mean_q):
     assert mean_q[True] > mean_q[False], "accepted drafts were drafted with more confidence"
 
 
-def stored_figures(profile, acc, speed, measured, ratios):
+def stored_figures(profile, acc, speed, measured, ratios, feature_run):
     """Section 5's figures: the engines' tau (docs/engine_acceptance.json, `acc`), the formula's speedups
     (`speed`, per draft: k, tau, c, v, speedup, free), the measured run (docs/lab_drafts.json, `measured`)
-    and the step prices they imply, under the profile's forward ratios (`ratios`: rows -> one-row forwards)."""
+    and the step prices they imply, under the profile's forward ratios (`ratios`: rows -> one-row forwards),
+    and each EAGLE draft over the token draft of its own run (`feature_run`: the greedy systems of
+    docs/bench_feature_draft.json)."""
     assert acc["config"]["num_prompts"] == 12 and acc["config"]["max_new_tokens"] == 64, "12 prompts, 64 tokens"
     taus = {name: {eng: r["tau"] for eng, r in d["engines"].items()} for name, d in acc["drafts"].items()}
     assert [f"{taus[n]['lab']:.2f}" for n in ("token", "eagle3")] == ["1.54", "1.62"], "the lab's tau: 1.54 and 1.62"
@@ -122,21 +125,30 @@ def stored_figures(profile, acc, speed, measured, ratios):
         "on those prompts EAGLE-3 commits less"
     price = {n: measured[n]["tokens_per_step"] / measured[n]["over_autoregressive"] for n in measured}
     assert [f"{price[n]:.2f}" for n in ("eagle3", "token")] == ["1.38", "1.13"] \
-        and profile["cpu"] == "AMD EPYC (AVX2)", "a measured step cost 1.38 and 1.13 one-row forwards, on this CPU"
+        and profile["cpu"] == "AMD EPYC (AVX2)", "a measured step cost 1.38 and 1.13 one-row forwards (AVX2 profile)"
     assert [f"{speed[n]['k'] * speed[n]['c'] + speed[n]['v']:.2f}" for n in ("eagle3", "token")] == ["1.71", "1.18"], \
         "the formula prices the steps at 1.71 and 1.18"
     assert speed["eagle3"]["tau"] > speed["token"]["tau"] and speed["eagle3"]["free"] < speed["token"]["speedup"], \
         "EAGLE-3 commits more and, even free, loses by the formula"
     assert f"{speed['eagle3']['free']:.2f}" == "1.17" and f"{ratios[4]:.3f}" == "1.383" \
         and profile["forward"]["ridge_rows"] == 3, "a free EAGLE-3 draft 1.17x; 4 rows at 1.383; the ridge at 3 rows"
+    token = feature_run["spec_k2"]
+    within = {"feature": feature_run["spec_feat_k3"]["vs_ar"] / token["vs_ar"],
+              "eagle3": measured["eagle3"]["over_autoregressive"] / measured["token"]["over_autoregressive"]}
+    assert [f"{within[n]:.2f}" for n in ("feature", "eagle3")] == ["1.06", "0.79"], \
+        "over the token draft of its own run: the feature draft 1.06 at K = 3, EAGLE-3 0.79"
+    assert f"{token['mean_tokens_per_step']:.2f}" == f"{measured['token']['tokens_per_step']:.2f}" == "1.62", \
+        "the token draft committed 1.62 tokens per step in both runs"
+    assert feature_run["spec_feat_k3"]["mean_tokens_per_step"] > measured["token"]["tokens_per_step"] \
+        > measured["eagle3"]["tokens_per_step"], "on the benchmark prompts: the feature draft, token draft, EAGLE-3"
 
 
 def exercise_answers(acc, speed, ratios, card_alpha, by_card, near_ties):
-    """The answers' figures: the tie cost c at K = 2 (answer 3), the feature card's agreement and the
+    """The answers' figures: the tie cost c at K = 2 (answer 2), the feature card's agreement and the
     formula's ranking, and llama.cpp's one near-tie (`near_ties`: draft and logit gap)."""
-    tau2 = 1 + sum(acc["drafts"]["eagle3"]["engines"]["lab"]["per_position"][:2])  # answer 3
+    tau2 = 1 + sum(acc["drafts"]["eagle3"]["engines"]["lab"]["per_position"][:2])  # answer 2
     c_tie = (tau2 / speed["token"]["speedup"] - ratios[3]) / 2
-    assert f"{tau2:.3f}" == "1.561" and f"{c_tie:.3f}" == "0.035", "answer 3: tau 1.561 at K = 2, a tie at c = 0.035"
+    assert f"{tau2:.3f}" == "1.561" and f"{c_tie:.3f}" == "0.035", "answer 2: tau 1.561 at K = 2, a tie at c = 0.035"
     assert card_alpha == {"token": 0.535, "feature": 0.608} and by_card["feature"] < by_card["token"], \
         "the feature draft agrees more often and the formula ranks it below the token draft"
     assert len(near_ties) == 2 and all(f"{t['gap']:.3f}" == "0.004" for t in near_ties), "llama.cpp's one near-tie"
