@@ -123,6 +123,11 @@ def test_the_model_drafts_pricing():
     checks.model_draft_pricing(runs, per_step, profile, forward_cost)
     with pytest.raises(AssertionError, match="a fifth"):
         checks.model_draft_pricing(runs, {**per_step, ("model draft", "K=8"): [2.4]}, profile, forward_cost)
+    told = {**runs, ("model draft", "told v_K"): ([fake_run(2, 40, 60)], None, None, None)}
+    checks.model_draft_pricing(told, per_step, profile, forward_cost, matching=profile)
+    told["model draft", "told v_K"] = ([fake_run(8, 40, 60)], None, None, None)
+    with pytest.raises(AssertionError, match="best fixed K"):
+        checks.model_draft_pricing(told, per_step, profile, forward_cost, matching=profile)
 
 
 def serve(target, drafter, k, controller, workload):

@@ -11,6 +11,9 @@ profile's `forward_cost` are passed in by the chapter: the lab's modules do not 
 from ...analysis.roofline import expected_speedup
 from ...policies.adaptive import CostAwareController, optimal_k
 
+TOLD = "told v_K"  # section 4's cost-aware controller told the v_K of the profile that matches the CPU
+COST_AWARE = ("cost-aware", TOLD)
+
 
 def largest_drop(chain):
     """The assumption of Theorem 3.8 whose replacement by its measurement drops the speedup most, from a
@@ -88,6 +91,11 @@ def systems(runs, peer, c_runs, expansion):
     assert all(s["same_output_as_ar"] == 1.0 for key, s in fast.items() if key.startswith("spec_")), \
         "every speculative system gave the autoregressive output"
     assert fast["spec_self_k6"]["vs_ar_ci95"][1] < fast["int4_decode"]["vs_ar_ci95"][0], "under the 4-bit decode"
+    int4, peer_int4 = fast["int4_decode"], peer["systems"]["lab_int4_decode"]
+    assert peer_int4["tokens"] == int4["tokens"] and peer_int4["vs_lab_ar"]["ci95"][1] < int4["vs_ar_ci95"][0] \
+        and abs(peer["systems"]["lab_ar"]["tokens_per_second"] / fast["ar"]["tokens_per_second"] - 1) < 0.01 \
+        and peer_int4["tokens_per_second"] < 0.85 * int4["tokens_per_second"], \
+        "the 4-bit decode's two runs: the same tokens, the float32 decode alike, the 4-bit decode slower in peer.json"
     feature = runs["feature_draft"]["results"][0]["systems"]
     assert feature["spec_feat_lookup"]["vs_ar_ci95"][0] < feature["spec_lookup"]["vs_ar_ci95"][1] \
         and feature["spec_lookup"]["vs_ar_ci95"][0] < feature["spec_feat_lookup"]["vs_ar_ci95"][1], "level: overlap"
@@ -108,6 +116,12 @@ def c_values(profile, c_runs, stored):
     forwards = [run["costs"]["target_forward_seconds"] for run in c_runs.values()]
     assert f"{max(forwards) / min(forwards):.1f} {max(c) / min(c):.1f}" == "3.4 1.8", \
         "the target forward moved by 3.4x, c by 1.8x"
+    bandwidth = {name: run["roofline"]["bandwidth_bytes_per_s"] for name, run in c_runs.items()}
+    quick = {name for name, run in c_runs.items() if run["costs"]["target_forward_seconds"] < 0.030}
+    assert len(quick) == 2 and all(run["costs"]["target_forward_seconds"] > 0.045 for name, run in c_runs.items()
+                                   if name not in quick) \
+        and min(bandwidth[n] for n in quick) > 28e9 > 16.05e9 > max(bandwidth[n] for n in c_runs if n not in quick), \
+        "the two runs under 30 ms read memory at 28 GB/s or more, the others, over 45 ms, at 16 GB/s or less"
     slow = c_runs["bench_slow_memory"]
     assert slow["measured_at"][:10] == stored["measured_at"][:10] \
         and slow["roofline"]["bandwidth_bytes_per_s"] < 0.5 * stored["roofline"]["bandwidth_bytes_per_s"], \
@@ -152,8 +166,9 @@ def adaptive_k(ns):
                 assert s.k <= min(k_chosen, budget - 1), "the engine drafts at most the chosen K, within the budget"
                 budget -= len(s.committed)
         for e in estimates:
-            if policy == "cost-aware" and e["observed"] >= e["warmup"]:   # past its warm-up, K is the argmax
-                assert e["k"] == optimal_k(e["alpha"], e["c"], k_min, k_max), "cost-aware K must maximise S(K)"
+            if policy in COST_AWARE and e["observed"] >= e["warmup"]:   # past its warm-up, K is the argmax
+                assert e["k"] == optimal_k(e["alpha"], e["c"], k_min, k_max, e.get("verify_cost")), \
+                    f"{policy}: K must maximise S(K) at its estimates (and the v_K it was told)"
     assert all(tokens_per_step[d, policy][0] == 1.0 for d, policy in runs if d == "n-gram"), "chat: lookup never lands"
     if "n-gram" in drafters:
         for policy in ("threshold", "cost-aware"):
@@ -161,7 +176,7 @@ def adaptive_k(ns):
                 f"{policy}: on copy it commits more per step than K = 4"
             assert runs["n-gram", policy][1][1][-1] == k_max, f"{policy}: on copy it climbs to K_max"
     if "model draft" in drafters:
-        model_draft_pricing(runs, tokens_per_step, profile, ns["forward_cost"])
+        model_draft_pricing(runs, tokens_per_step, profile, ns["forward_cost"], ns.get("matching"))
     assert round(ns["row_cost"][9], 2) == 2.99, "the machine profile's 9-row forward, as quoted"
     replay, alpha_by_hand, c_by_hand = ns["replay"], ns["alpha_by_hand"], ns["c_by_hand"]
     assert abs(replay.alpha - alpha_by_hand) < 1e-12 and abs(replay.c - c_by_hand) < 1e-9 * max(1.0, c_by_hand), \
@@ -169,12 +184,14 @@ def adaptive_k(ns):
     assert replay.k == optimal_k(replay.alpha, replay.c, 1, 8), "the controller's K is the argmax of S(K)"
 
 
-def model_draft_pricing(runs, tokens_per_step, profile, forward_cost):
+def model_draft_pricing(runs, tokens_per_step, profile, forward_cost, matching=None):
     """The model draft's policies, each step priced with the machine profile (stored): K drafts at c each, then
-    a forward of K + 1 rows. The counts are exact, so this holds on any machine, unlike one timed run."""
-    def priced_rate(policy):
+    a forward of K + 1 rows. The counts are exact, so this holds on any machine, unlike one timed run. With
+    `matching` (the profile of the CPU the run had), the cost-aware controller told that profile's v_K, priced
+    with it, comes within a tenth of the best fixed K's rate."""
+    def priced_rate(policy, p=profile):
         results = runs["model draft", policy][0]
-        cost = sum(s.k * profile["c"]["token"] + forward_cost(profile, s.k + 1) for r in results for s in r.steps)
+        cost = sum(s.k * p["c"]["token"] + forward_cost(p, s.k + 1) for r in results for s in r.steps)
         return sum(r.stats.new_tokens for r in results) / cost
 
     assert priced_rate("K=1") > priced_rate("K=8"), {k: priced_rate(k) for k in ("K=1", "K=8")}
@@ -186,6 +203,11 @@ def model_draft_pricing(runs, tokens_per_step, profile, forward_cost):
     for policy in ("threshold", "cost-aware"):
         assert all(sum(s.k for s in r.steps) / r.stats.steps > 2.5 for r in runs["model draft", policy][0]), \
             f"{policy}: drafts far more than one token a step"
+    if matching is not None and ("model draft", TOLD) in runs:
+        fixed = {policy: priced_rate(policy, matching) for d, policy in runs if d == "model draft"
+                 and policy.startswith("K=")}
+        assert priced_rate(TOLD, matching) > 0.9 * max(fixed.values()), \
+            f"told this CPU's v_K, it comes near the best fixed K: {priced_rate(TOLD, matching):.2f}, {fixed}"
 
 
 def cost_aware_greedy(engine, prompt, max_new_tokens, baseline_tokens, k_min, k_max):
