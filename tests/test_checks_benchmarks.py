@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from specdec_lab.api import SpeculativeEngine, autoregressive_generate
-from specdec_lab.bench.machine import forward_cost, load_profile
+from specdec_lab.bench.machine import AVX512_PROFILE, forward_cost, load_profile
 from specdec_lab.bench.report import prediction_rows, prediction_gap
 from specdec_lab.io.pair import tiny_model
 from specdec_lab.lab.checks import benchmarks as checks
@@ -76,9 +76,21 @@ def stored_runs():
     return runs, doc("peer"), c_runs
 
 
+def distilled_k2(runs, stored):
+    """The distilled draft at K = 2 in each stored run: (ratio, low, high), as the chapter collects them."""
+    k2 = {name: run["results"][0]["systems"]["spec_k2"] for name, run in {"full": stored, **runs}.items()}
+    k2 = {name: (s["vs_ar"], *s["vs_ar_ci95"]) for name, s in k2.items()}
+    lab = doc("lab_drafts")["systems"]["shipped draft, K = 2"]
+    return {**k2, "lab_drafts": (lab["over_autoregressive"], *lab["interval"])}
+
+
 def test_every_system_and_the_values_of_c():
     runs, peer, c_runs = stored_runs()
     checks.systems(runs, peer, c_runs, EXPANSION)
+    k2 = distilled_k2(runs, doc("bench_full"))
+    checks.systems(runs, peer, c_runs, EXPANSION, k2)
+    with pytest.raises(AssertionError, match="five runs"):
+        checks.systems(runs, peer, c_runs, EXPANSION, {**k2, "eagle3": (1.30, 1.18, 1.42)})
     checks.c_values(load_profile(), c_runs, doc("bench_full"))
     changed = copy.deepcopy(runs)
     changed["fast_memory"]["results"][0]["systems"]["int4_decode"]["vs_ar"] = 2.95
@@ -123,11 +135,23 @@ def test_the_model_drafts_pricing():
     checks.model_draft_pricing(runs, per_step, profile, forward_cost)
     with pytest.raises(AssertionError, match="a fifth"):
         checks.model_draft_pricing(runs, {**per_step, ("model draft", "K=8"): [2.4]}, profile, forward_cost)
-    told = {**runs, ("model draft", "told v_K"): ([fake_run(2, 40, 60)], None, None, None)}
-    checks.model_draft_pricing(told, per_step, profile, forward_cost, matching=profile)
-    told["model draft", "told v_K"] = ([fake_run(8, 40, 60)], None, None, None)
+    told = {**runs, ("model draft", "told v_K, AVX2"): ([fake_run(2, 40, 60)], None, None, None)}
+    checks.model_draft_pricing(told, per_step, profile, forward_cost, told={"told v_K, AVX2": profile})
+    told["model draft", "told v_K, AVX2"] = ([fake_run(8, 40, 60)], None, None, None)
     with pytest.raises(AssertionError, match="best fixed K"):
-        checks.model_draft_pricing(told, per_step, profile, forward_cost, matching=profile)
+        checks.model_draft_pricing(told, per_step, profile, forward_cost, told={"told v_K, AVX2": profile})
+
+
+def test_each_told_controller_is_priced_with_its_own_profile():
+    # Drafting 4 a step for 1.9 tokens pays where 5 rows cost about one (AVX-512), not where they cost 1.67 (AVX2).
+    profile, second = load_profile(), load_profile(AVX512_PROFILE)
+    runs = {("model draft", p): ([fake_run(k, 40, 60)], None, None, None)
+            for p, k in (("K=1", 1), ("K=8", 8), ("threshold", 4), ("cost-aware", 4))}
+    runs["model draft", "told v_K, AVX-512"] = ([fake_run(4, 40, 75)], None, None, None)
+    per_step = {("model draft", "K=1"): [1.5], ("model draft", "K=8"): [1.8]}
+    checks.model_draft_pricing(runs, per_step, profile, forward_cost, told={"told v_K, AVX-512": second})
+    with pytest.raises(AssertionError, match="priced with the profile it was told"):
+        checks.model_draft_pricing(runs, per_step, profile, forward_cost, told={"told v_K, AVX-512": profile})
 
 
 def serve(target, drafter, k, controller, workload):
