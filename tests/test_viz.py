@@ -56,6 +56,9 @@ def test_cache_drift_figure_has_two_traces_per_run():
     fig = _pure(lambda: viz.cache_drift_figure({"ok": [4, 4], "seed": [4, 0]}, {"ok": [0, 0], "seed": [1, 2]}))
     assert [t.name for t in fig.data] == ["ok", "ok", "seed", "seed"]
     assert list(fig.data[3].y) == [1, 2]
+    titles = [a.text for a in fig.layout.annotations]
+    assert titles == ["draft tokens accepted per step", "committed tokens neither cached nor pending (draft_lag)"], \
+        "the lower panel is pitfalls.draft_lag: a pending token counts as read"
 
 
 def test_mask_figure_shows_allowed_and_blocked_cells():

@@ -30,8 +30,9 @@ its pitfalls):
   instead of num_accepted + 1, and never feeds d_K. Every step loses one committed
   token from the draft's view; verification keeps the output right, but the
   draft drafts from a corrupted context and its acceptance falls.
-- `OffByOneRollbackCache`: the same arithmetic applied to the target's cache, where
-  nothing checks it: the output itself goes wrong.
+- `OffByOneRollbackCache`: a target cache that keeps l + n positions after a step instead of
+  l + 1 + n (x_0 and the n accepted drafts), where nothing checks it: the output itself goes wrong.
+  (The article's `current_len - k + accepted` is right on the target, which reads K + 1 positions.)
 
 The verification mask (chapter 05):
 - `UnmaskedTarget`: runs the K+1 verification pass with no mask, so position i
@@ -199,8 +200,8 @@ def draft_lag(engine) -> int:
 
 
 class OffByOneRollbackCache(KVCache):
-    """A target cache whose rollback keeps one position fewer than asked: the article's
-    draft arithmetic (keep `accepted` of the K+1 verified positions) applied to the target."""
+    """A target cache whose rollback keeps one position fewer than asked: l + n positions after a
+    step instead of l + 1 + n, so the next step's x_0 attends to a context missing a committed token."""
 
     def rollback(self, length: int):
         super().rollback(max(0, length - 1))

@@ -189,11 +189,11 @@ def speedup_heatmap(alphas, ks, c) -> go.Figure:
 
 
 def cache_drift_figure(steps_by_name, missing_by_name) -> go.Figure:
-    """Top: draft tokens accepted per step; bottom: committed tokens missing from the draft's
-    cache after each step. steps_by_name / missing_by_name: {name: [int per step]}."""
+    """Top: draft tokens accepted per step; bottom: committed tokens the draft has neither cached
+    nor pending after each step (pitfalls.draft_lag). steps_by_name / missing_by_name: {name: [int per step]}."""
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.1,
                         subplot_titles=("draft tokens accepted per step",
-                                        "committed tokens missing from the draft's cache"))
+                                        "committed tokens neither cached nor pending (draft_lag)"))
     for i, name in enumerate(steps_by_name):
         color = PALETTE[i % len(PALETTE)]
         acc = steps_by_name[name]
