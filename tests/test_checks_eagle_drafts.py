@@ -159,3 +159,32 @@ def test_the_shapes_on_the_shipped_drafts(default_target):
         checks.draft_shapes(default_target, token_draft, feature, eagle3, h, f, h3, config)
         with pytest.raises(AssertionError, match="residual stream"):
             checks.draft_shapes(default_target, token_draft, feature, eagle3, h, f, eagle3.norm(h3), config)
+
+
+def run_rows():
+    """Section 5's within-run rows, as the chapter builds them from the two stored bench runs."""
+    rows = {}
+    for file, draft in (("bench_feature_draft", "feature"), ("bench_eagle3", "eagle3*")):
+        systems = next(r for r in json.loads((DOCS / f"{file}.json").read_text())["results"]
+                       if r["temperature"] == 0.0)["systems"]
+        unit = 1 / systems["ar"]["decode_tokens_per_second"]
+        for key, name in (("spec_k2", "token"), ("spec_feat_k3", draft)):
+            m = systems[key]
+            rows[file, name] = {"k": m["k"], "tps": m["mean_tokens_per_step"], "c": m["c"],
+                                "v": m["target_seconds_per_step"] / unit,
+                                "loop": m["mean_tokens_per_step"] / m["decode_speedup"],
+                                "rel": m["vs_ar"] / systems["spec_k2"]["vs_ar"]}
+    return rows
+
+
+def test_the_within_run_prices_and_a_copy_with_one_figure_changed():
+    rows = run_rows()
+    checks.run_prices(rows)
+    changed = copy.deepcopy(rows)
+    changed["bench_eagle3", "eagle3*"]["c"] = 0.2
+    with pytest.raises(AssertionError, match="price per step"):
+        checks.run_prices(changed)
+    changed = copy.deepcopy(rows)
+    changed["bench_eagle3", "eagle3*"]["rel"] = 0.9
+    with pytest.raises(AssertionError, match="own run"):
+        checks.run_prices(changed)

@@ -166,3 +166,18 @@ def live_run(live_same, broken_runs, tau_ok):
     stale = next(b for name, b in broken_runs.items() if "last true state" in name)
     assert abs(stale["tau"] - tau_ok) < 0.15, \
         "over three prompts the engine's tau barely tells the stale drafter from the correct one"
+
+
+def run_prices(run_row):
+    """Section 5's within-run table (`run_row`: (file, draft) -> k, tps, c, v, loop, rel): c and v (the target's
+    seconds a step) in the run's plain-decode tokens, loop = tokens per step over S_loop, rel = S over the token
+    draft's S in the same run."""
+    for key, r in run_row.items():
+        assert abs(r["k"] * r["c"] + r["v"] - r["loop"]) < 0.01, f"{key}: K c + v must be the loop's price per step"
+    feature, old, token = (run_row[k] for k in (("bench_feature_draft", "feature"), ("bench_eagle3", "eagle3*"),
+                                                  ("bench_eagle3", "token")))
+    assert [f"{feature['rel']:.2f}", f"{old['rel']:.2f}"] == ["1.06", "0.77"], \
+        "over the token draft of its own run: the feature draft 1.06, the older EAGLE-3 0.77"
+    assert 2.5 < old["c"] / token["c"] < 3.5, "the older EAGLE-3's drafted token cost about three token-draft tokens"
+    assert old["v"] - token["v"] > old["k"] * old["c"] - token["k"] * token["c"], \
+        "the older EAGLE-3's eager target step cost more, over the token draft's, than its drafting"
