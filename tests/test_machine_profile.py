@@ -213,9 +213,9 @@ def profile_figures(profiles):
 def wrong_figures(markdown, profile=PROFILE, second=SECOND):
     """[(sentence, what is wrong)] for every machine figure of the markdown the profile does not hold
     (or, in a paragraph that names the second profile's machine, neither profile holds)."""
-    found = []
+    found, pooled = [], {False: profile_figures((profile,)), True: profile_figures((profile, second))}
     for s, names_second in checked_sentences(markdown):
-        fig = profile_figures((profile, second) if names_second else (profile,))
+        fig = pooled[names_second]
         bandwidths, peaks, costs = fig["bandwidths"], fig["peaks"], fig["costs"]
         flops_attained, bytes_attained = fig["flops_attained"], fig["bytes_attained"]
         attained = bool(ATTAINED.search(s))

@@ -11,12 +11,12 @@ profile's `forward_cost` are passed in by the chapter: the lab's modules do not 
 from ...analysis.roofline import expected_speedup
 from ...policies.adaptive import CostAwareController, optimal_k
 
-TOLD = "told v_K"  # section 4's cost-aware controllers told a profile's v_K: "told v_K, AVX2", "told v_K, AVX-512"
+TOLD_PREFIX = "told v_K"  # section 4's cost-aware controllers told a profile's v_K: "told v_K, AVX2", "told v_K, AVX-512"
 
 
 def cost_aware(policy):
     """Whether a section 4 policy is a cost-aware controller (told a profile's v_K or not)."""
-    return policy == "cost-aware" or policy.startswith(TOLD)
+    return policy == "cost-aware" or policy.startswith(TOLD_PREFIX)
 
 
 def largest_drop(chain):
