@@ -133,27 +133,40 @@ def pick_layers(examples, layers, wanted):
 
 
 @torch.no_grad()
-def agreement_by_depth(draft: Eagle3Draft, examples, depth=3, feed_back="own"):
-    """[agreement at depth 1..depth]: over the answer tokens of `examples` (answer_examples), the
-    share where the draft's top token is the target's, drafting d tokens ahead of the last true
-    state. Pass s computes, for every entry at once, the entry drafted s steps after its base (the
-    masks of train/eagle3.py). feed_back="own": the entry after a drafted one reads the draft's h
-    (eagle3_loss's passes, as drafting does); "last_true": it reads the base's true state again."""
+def guesses_by_depth(draft: Eagle3Draft, examples, depth=3, feed_back="own"):
+    """[(guess, top) at depth 1..depth]: over the answer tokens of `examples` (answer_examples), the
+    draft's top token and the target's, drafting d tokens ahead of the last true state. Pass s computes,
+    for every entry at once, the entry drafted s steps after its base (the masks of train/eagle3.py).
+    feed_back="own": the entry after a drafted one reads the draft's h (eagle3_loss's passes, as
+    drafting does); "last_true": it reads the base's true state again."""
     if feed_back not in FEED_BACK:
         raise ValueError(f"feed_back must be one of {FEED_BACK}, got {feed_back!r}")
     tok, states, tgt_pos, _, weight = (t.to(draft.device) for t in collate_entries(
         examples, list(range(len(examples))), subset_positions(draft)))
     B, N = tok.shape
     g0 = draft.fuse_states(states)  # (B, N, dim): the true fused states
-    g, keys, e, agree = g0, UnrollKeys(draft.cfg.n_layers), torch.arange(N, device=tok.device), []
+    g, keys, e, out = g0, UnrollKeys(draft.cfg.n_layers), torch.arange(N, device=tok.device), []
     for s in range(depth):
         h = draft.states(tok, g, cache=keys, input_pos=e, mask=unroll_mask(N, s, tok.device))
         keep = (weight > 0) & (torch.cat([weight.new_zeros(B, s), weight[:, :N - s]], 1) > 0)
-        top = tgt_pos[keep][:, 0]
-        guess = draft.head.proj(draft.norm(h[keep])).argmax(-1)
-        agree.append(((guess == top) & (top >= 0)).float().mean().item())
+        out.append((draft.head.proj(draft.norm(h[keep])).argmax(-1), tgt_pos[keep][:, 0]))
         if feed_back == "own":
             g = torch.cat([g[:, :1], h[:, :-1]], 1)  # entry e reads h of entry e - 1
         else:
             g = torch.cat([g0[:, :1]] * (s + 1) + [g0[:, :N - s - 1]], 1)  # entry e reads g of its base e - s - 1
-    return agree
+    return out
+
+
+def agreement_by_depth(draft: Eagle3Draft, examples, depth=3, feed_back="own"):
+    """[agreement at depth 1..depth]: the share of the answer tokens where the draft's top token,
+    drafting d tokens ahead of the last true state, is the target's (guesses_by_depth)."""
+    return [((guess == top) & (top >= 0)).float().mean().item()
+            for guess, top in guesses_by_depth(draft, examples, depth, feed_back)]
+
+
+def guess_match(draft, reference, examples, layers, depth=3, feed_back="own"):
+    """[share at depth 1..depth]: how often `draft` (fed its own layers from `examples`, read at `layers`)
+    guesses the token that `reference`, the shipped draft drafting as vLLM and llama.cpp do, guesses."""
+    mine = guesses_by_depth(draft, pick_layers(examples, layers, draft.hidden_layers), depth, feed_back)
+    theirs = guesses_by_depth(reference, pick_layers(examples, layers, reference.hidden_layers), depth)
+    return [(a == b).float().mean().item() for (a, _), (b, _) in zip(mine, theirs)]

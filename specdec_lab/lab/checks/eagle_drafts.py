@@ -2,8 +2,8 @@
 of acceptance, the stored figures the chapter quotes, and the claim on an EAGLE-3 draft that a broken
 draft must fail.
 
-`eagle3_claims` is the engine claim: the chapter runs it on the shipped EAGLE-3 draft and, through
-`must_fail`, on four broken drafts (the weights fed the top three layers, or the layers one above
+`eagle3_claims` is the claim on a port of the EAGLE-3 draft: the chapter runs it on the shipped draft
+and, through `must_fail`, on four broken drafts (the weights fed the top three layers, or the layers one above
 their own; a port that feeds back norm(h); the drafter that feeds back the last true state). The other
 functions hold the figures the prose quotes, each section's in one.
 """
@@ -12,25 +12,26 @@ import torch
 from ...drafters.eagle3 import default_hidden_layers
 from ...train.eagle3 import unroll_mask
 
+# docs/three_drafts.json's speedups, which section 5 quotes (a stored run)
+QUOTED_S = {"token": 1.35, "feature": 1.26, "eagle3 K=2": 1.124, "eagle3": 1.074}
+
 
 def rms(t):
     """The root mean square of `t` over its last axis, averaged over the rest."""
     return t.float().pow(2).mean(-1).sqrt().mean().item()
 
 
-def eagle3_claims(agree, outputs, reference, stored):
+def eagle3_claims(agree, match, outputs, reference, stored, se):
     """What this chapter claims of an EAGLE-3 draft: its greedy outputs `outputs` are the target's
-    `reference`, and its teacher-forced agreement `agree` at depths 1, 2, 3 stays near the `stored`
-    depth-1 agreement and keeps most of it at depths 2 and 3."""
+    `reference`; its teacher-forced agreement at depth 1 (`agree[0]`) lies within three of today's
+    bootstrap standard errors `se` of the `stored` depth-1 agreement; and at each depth its guesses are
+    the shipped draft's (`match`: the share of positions where they pick the same token) at 0.98 of
+    positions or more, which float rounding in another engine leaves (it flips only near-ties)."""
     assert outputs == reference, "greedy speculative output must be the target's own greedy decode"
-    # The prompts are fixed and the agreement greedy, so the shipped draft's figure repeats from run to run
-    # (0.445 on the chapter's 8 prompts); 0.05 is a margin chosen on these prompts, about two standard errors
-    # had their 384 tokens been independent (they are not: resampling the prompts gives larger errors).
-    assert agree[0] > stored - 0.05, \
-        f"depth 1 agreed {agree[0]:.3f}, more than 0.05 below the stored {stored:.3f} (the margin)"
-    kept = [a / agree[0] for a in agree[1:]]
-    assert min(kept) > 0.65, (f"depths 2 and 3 kept {kept[0]:.2f} and {kept[1]:.2f} of depth 1's agreement; "
-                              "the claim is more than 0.65 each (the shipped draft keeps about 0.8)")
+    assert agree[0] > stored - 3 * se, \
+        f"depth 1 agreed {agree[0]:.3f}, more than three standard errors ({se:.3f}) below the stored {stored:.3f}"
+    assert min(match) >= 0.98, ("at depths 1, 2, 3 it guessed the shipped draft's token at "
+                                + ", ".join(f"{m:.3f}" for m in match) + " of positions; the claim is 0.98 or more")
 
 
 def draft_shapes(target, token_draft, feature, eagle3, h, f, h3, config):
@@ -99,12 +100,10 @@ def confidence(table, mean_q):
     assert mean_q[True] > mean_q[False], "accepted drafts were drafted with more confidence"
 
 
-def stored_figures(profile, acc, speed, measured, ratios, feature_run):
-    """Section 5's figures: the engines' tau (docs/engine_acceptance.json, `acc`), the formula's speedups
-    (`speed`, per draft: k, tau, c, v, speedup, free), the measured run (docs/lab_drafts.json, `measured`)
-    and the step prices they imply, under the profile's forward ratios (`ratios`: rows -> one-row forwards),
-    and each EAGLE draft over the token draft of its own run (`feature_run`: the greedy systems of
-    docs/bench_feature_draft.json)."""
+def stored_figures(profile, acc, speed, ratios):
+    """Section 5's figures from the engines' run (docs/engine_acceptance.json, `acc`) and the formula
+    (`speed`, per draft: k, tau, c, v, speedup, free, second) under the AVX2 profile's forward ratios
+    (`ratios`: rows -> one-row forwards)."""
     assert acc["config"]["num_prompts"] == 12 and acc["config"]["max_new_tokens"] == 64, "12 prompts, 64 tokens"
     taus = {name: {eng: r["tau"] for eng, r in d["engines"].items()} for name, d in acc["drafts"].items()}
     assert [f"{taus[n]['lab']:.2f}" for n in ("token", "eagle3")] == ["1.54", "1.62"], "the lab's tau: 1.54 and 1.62"
@@ -115,33 +114,42 @@ def stored_figures(profile, acc, speed, measured, ratios, feature_run):
     for s in speed.values():
         assert abs(s["speedup"] - s["tau"] / (s["k"] * s["c"] + s["v"])) < 1e-6, \
             "the formula is tau over the step's price"
-    assert [f"{speed[n]['speedup']:.2f}" for n in ("token", "eagle3")] == ["1.30", "0.95"], \
-        "more per step, and slower by the formula"
-    assert [measured[n]["over_autoregressive"] for n in ("token", "eagle3")] == [1.43, 1.131], \
-        "the stored run: both pay"
-    assert 1 < measured["eagle3"]["over_autoregressive"] < measured["token"]["over_autoregressive"], \
-        "EAGLE-3 pays, less than the token draft"
-    assert all(m["same_as_autoregressive"] == 24 for m in measured.values()), "every answer the plain decode's"
-    assert [measured[n]["tokens_per_step"] for n in ("eagle3", "token")] == [1.56, 1.62], \
-        "on those prompts EAGLE-3 commits less"
-    price = {n: measured[n]["tokens_per_step"] / measured[n]["over_autoregressive"] for n in measured}
-    assert [f"{price[n]:.2f}" for n in ("eagle3", "token")] == ["1.38", "1.13"] \
-        and profile["cpu"] == "AMD EPYC (AVX2)", "a measured step cost 1.38 and 1.13 one-row forwards (AVX2 profile)"
-    assert [f"{speed[n]['k'] * speed[n]['c'] + speed[n]['v']:.2f}" for n in ("eagle3", "token")] == ["1.71", "1.18"], \
-        "the formula prices the steps at 1.71 and 1.18"
+    assert [f"{speed[n]['speedup']:.2f}" for n in ("token", "eagle3")] == ["1.30", "0.95"] \
+        and profile["cpu"] == "AMD EPYC (AVX2)", "more per step, and slower by the formula (AVX2 profile)"
+    assert [f"{speed[n]['second']:.2f}" for n in ("token", "eagle3")] == ["1.42", "1.19"], \
+        "the AVX-512 profile: both pay, EAGLE-3 less"
     assert speed["eagle3"]["tau"] > speed["token"]["tau"] and speed["eagle3"]["free"] < speed["token"]["speedup"], \
         "EAGLE-3 commits more and, even free, loses by the formula"
     assert f"{speed['eagle3']['free']:.2f}" == "1.17" and f"{ratios[4]:.3f}" == "1.383" \
         and profile["forward"]["ridge_rows"] == 3, "a free EAGLE-3 draft 1.17x; 4 rows at 1.383; the ridge at 3 rows"
-    token = feature_run["spec_k2"]
-    within = {"feature": feature_run["spec_feat_k3"]["vs_ar"] / token["vs_ar"],
-              "eagle3": measured["eagle3"]["over_autoregressive"] / measured["token"]["over_autoregressive"]}
-    assert [f"{within[n]:.2f}" for n in ("feature", "eagle3")] == ["1.06", "0.79"], \
-        "over the token draft of its own run: the feature draft 1.06 at K = 3, EAGLE-3 0.79"
-    assert f"{token['mean_tokens_per_step']:.2f}" == f"{measured['token']['tokens_per_step']:.2f}" == "1.62", \
-        "the token draft committed 1.62 tokens per step in both runs"
-    assert feature_run["spec_feat_k3"]["mean_tokens_per_step"] > measured["token"]["tokens_per_step"] \
-        > measured["eagle3"]["tokens_per_step"], "on the benchmark prompts: the feature draft, token draft, EAGLE-3"
+
+
+def speed_run(run, second):
+    """Section 5's run (docs/three_drafts.json, `run`): every answer the plain decode's, each step's price
+    (drafted per step x c + target/step, in plain-decode tokens) equal to tokens per step over S_loop, the
+    figures the prose quotes, and where EAGLE-3's dearer step went; `second` is the AVX-512 profile."""
+    s = {n: m for n, m in run["systems"].items() if n != "autoregressive"}
+    assert "AVX-512" in run["cpu"] == second["cpu"] and "+changes" not in run["commit"], \
+        "the run records its CPU, the AVX-512 profile's kind, and a clean commit"
+    assert all(m["same_as_autoregressive"] == run["prompts"] == 24 for m in s.values()), "every answer the plain decode's"
+    price = {n: m["drafted_per_step"] * m["c"] + m["target_per_step"] for n, m in s.items()}
+    for n, m in s.items():
+        assert abs(price[n] - m["tokens_per_step"] / m["loop_over_autoregressive"]) < 0.01, \
+            f"{n}: drafting plus the target's phase must be the loop's price per step"
+        assert max(m["by_pass"]) - min(m["by_pass"]) < 0.05, f"{n}: the passes agree within 0.05"
+    assert {n: m["over_autoregressive"] for n, m in s.items()} == QUOTED_S, "the speedups the prose quotes"
+    assert s["eagle3"]["interval"][1] < s["token"]["interval"][0], "EAGLE-3 slower than the token draft, intervals apart"
+    assert s["feature"]["interval"][0] < s["token"]["over_autoregressive"] < s["feature"]["interval"][1], \
+        "the feature draft level with the token draft"
+    first = {n: m["accepted_by_position"][0] for n, m in s.items()}
+    assert first["feature"] > first["token"] > first["eagle3"], \
+        "on these prompts the feature draft's first token passes most often, EAGLE-3's least"
+    extra = s["eagle3"]["drafted_per_step"] * s["eagle3"]["c"] - s["token"]["drafted_per_step"] * s["token"]["c"]
+    assert extra > 3 * (s["eagle3"]["target_per_step"] - s["token"]["target_per_step"]), \
+        "EAGLE-3's dearer step is mostly drafting, not verification"
+    free = s["eagle3"]["tokens_per_step"] / s["eagle3"]["target_per_step"]  # exercise 3: a free EAGLE-3 draft
+    assert f"{free:.2f}" == "1.38" and free < s["token"]["loop_over_autoregressive"], \
+        "even free, EAGLE-3's loop stays under the token draft's on these prompts"
 
 
 def exercise_answers(acc, speed, ratios, card_alpha, by_card, near_ties):
@@ -166,18 +174,3 @@ def live_run(live_same, broken_runs, tau_ok):
     stale = next(b for name, b in broken_runs.items() if "last true state" in name)
     assert abs(stale["tau"] - tau_ok) < 0.15, \
         "over three prompts the engine's tau barely tells the stale drafter from the correct one"
-
-
-def run_prices(run_row):
-    """Section 5's within-run table (`run_row`: (file, draft) -> k, tps, c, v, loop, rel): c and v (the target's
-    seconds a step) in the run's plain-decode tokens, loop = tokens per step over S_loop, rel = S over the token
-    draft's S in the same run."""
-    for key, r in run_row.items():
-        assert abs(r["k"] * r["c"] + r["v"] - r["loop"]) < 0.01, f"{key}: K c + v must be the loop's price per step"
-    feature, old, token = (run_row[k] for k in (("bench_feature_draft", "feature"), ("bench_eagle3", "eagle3*"),
-                                                  ("bench_eagle3", "token")))
-    assert [f"{feature['rel']:.2f}", f"{old['rel']:.2f}"] == ["1.06", "0.77"], \
-        "over the token draft of its own run: the feature draft 1.06, the older EAGLE-3 0.77"
-    assert 2.5 < old["c"] / token["c"] < 3.5, "the older EAGLE-3's drafted token cost about three token-draft tokens"
-    assert old["v"] - token["v"] > old["k"] * old["c"] - token["k"] * token["c"], \
-        "the older EAGLE-3's eager target step cost more, over the token draft's, than its drafting"
