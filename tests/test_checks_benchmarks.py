@@ -81,7 +81,9 @@ def distilled_k2(runs, stored):
     k2 = {name: run["results"][0]["systems"]["spec_k2"] for name, run in {"full": stored, **runs}.items()}
     k2 = {name: (s["vs_ar"], *s["vs_ar_ci95"]) for name, s in k2.items()}
     lab = doc("lab_drafts")["systems"]["shipped draft, K = 2"]
-    return {**k2, "lab_drafts": (lab["over_autoregressive"], *lab["interval"])}
+    three = doc("three_drafts")["systems"]["token"]
+    return {**k2, "lab_drafts": (lab["over_autoregressive"], *lab["interval"]),
+            "three_drafts": (three["over_autoregressive"], *three["interval"])}
 
 
 def test_every_system_and_the_values_of_c():
@@ -89,7 +91,7 @@ def test_every_system_and_the_values_of_c():
     checks.systems(runs, peer, c_runs, EXPANSION)
     k2 = distilled_k2(runs, doc("bench_full"))
     checks.systems(runs, peer, c_runs, EXPANSION, k2)
-    with pytest.raises(AssertionError, match="five runs"):
+    with pytest.raises(AssertionError, match="six runs"):
         checks.systems(runs, peer, c_runs, EXPANSION, {**k2, "eagle3": (1.30, 1.18, 1.42)})
     checks.c_values(load_profile(), c_runs, doc("bench_full"))
     changed = copy.deepcopy(runs)

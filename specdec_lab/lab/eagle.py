@@ -170,3 +170,32 @@ def guess_match(draft, reference, examples, layers, depth=3, feed_back="own"):
     mine = guesses_by_depth(draft, pick_layers(examples, layers, draft.hidden_layers), depth, feed_back)
     theirs = guesses_by_depth(reference, pick_layers(examples, layers, reference.hidden_layers), depth)
     return [(a == b).float().mean().item() for (a, _), (b, _) in zip(mine, theirs)]
+
+
+def paired_gap(draft, examples, depth=3, feed_back="last_true", resamples=2000, seed=0):
+    """[(gap, standard error) at depth 1..depth]: how much more often the draft agrees with the target fed
+    back its own h than fed back `feed_back`, over the answer tokens of `examples`, and the gap's standard
+    error when whole prompts are resampled, each with both of its figures (a paired bootstrap)."""
+    counts = []  # per example: (hits with h, hits the other way, positions), one row per depth
+    for e in examples:
+        own, other = guesses_by_depth(draft, [e], depth), guesses_by_depth(draft, [e], depth, feed_back)
+        counts.append([[float((g == t).sum()), float((o == t).sum()), float(len(t))]
+                       for (g, t), (o, _) in zip(own, other)])
+    counts = torch.tensor(counts)  # (examples, depth, 3)
+    picks = torch.randint(0, len(examples), (resamples, len(examples)), generator=torch.Generator().manual_seed(seed))
+    draws = counts[picks].sum(1)  # (resamples, depth, 3)
+    total = counts.sum(0)
+    return [((total[d, 0] - total[d, 1]) / total[d, 2]).item() for d in range(depth)], \
+        ((draws[..., 0] - draws[..., 1]) / draws[..., 2]).std(0).tolist()
+
+
+def rounded_port(draft: Eagle3Draft, target, dtype=torch.bfloat16) -> Eagle3Draft:
+    """A copy of `draft` whose own weights were rounded to `dtype` and back: a correct port held at lower
+    precision, as an engine on a GPU may hold it (the target's head it borrows is left as it is)."""
+    twin = reading_layers(draft, target, draft.hidden_layers)
+    own = set(twin.own_state_dict())
+    with torch.no_grad():
+        for name, value in twin.state_dict().items():
+            if name in own and value.is_floating_point():
+                value.copy_(value.to(dtype).to(value.dtype))
+    return twin
