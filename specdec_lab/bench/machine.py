@@ -36,7 +36,7 @@ from ..api import SpeculativeEngine, autoregressive_generate, load_default_pair,
 from ..core.text import encode_prompt
 from ..drafters import Eagle3Drafter, FeatureDrafter
 from ..train.prompts import BENCH_PROMPTS
-from .run import BenchConfig, run_systems
+from .run import BenchConfig, cpu_name, run_systems  # noqa: F401 (cpu_name: the chapters import it from here)
 from .systems import System
 
 PROFILE = Path(__file__).resolve().parents[2] / "docs" / "machine_profile.json"
@@ -101,19 +101,6 @@ def measure_draft_costs(pair, feature, eagle3, k=2, prompts=8, tokens=48, log=No
     tallies = run_systems(systems, ids, cfg, 0.0, Clock(target.device), log=log)
     ar_token_s = tallies["ar"].decode_seconds / tallies["ar"].tokens
     return {name: round((tallies[name].draft_seconds / tallies[name].drafted) / ar_token_s, 4) for name in drafters}
-
-
-def cpu_name() -> str:
-    """The CPU's model name and its widest vector extension, from /proc/cpuinfo where there is one."""
-    try:
-        info = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        import platform
-        return platform.processor() or platform.machine()
-    name = next((l.split(":", 1)[1].strip() for l in info.splitlines() if l.startswith("model name")), "unknown")
-    flags = set(next((l.split(":", 1)[1].split() for l in info.splitlines() if l.startswith("flags")), []))
-    widest = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "no AVX2"
-    return f"{name} ({widest})"
 
 
 def measure_machine(rounds=31, log=print, quartiles=False) -> dict:

@@ -51,6 +51,7 @@ import os
 import statistics
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
+from pathlib import Path
 
 import torch
 
@@ -453,4 +454,18 @@ def _feature_draft_info(m) -> dict:
 def _device_name(device) -> str:
     if torch.device(device).type == "cuda":
         return torch.cuda.get_device_name(device)
-    return f"cpu ({os.cpu_count()} cores)"
+    return f"{cpu_name()}, {os.cpu_count()} cores"
+
+
+def cpu_name() -> str:
+    """The CPU's model name and its widest vector extension, from /proc/cpuinfo where there is one."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        import platform
+        return platform.processor() or platform.machine()
+    name = next((l.split(":", 1)[1].strip() for l in info.splitlines() if l.startswith("model name")), "unknown")
+    flags = set(next((l.split(":", 1)[1].split() for l in info.splitlines() if l.startswith("flags")), []))
+    widest = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "no AVX2"
+    return f"{name} ({widest})"
+

@@ -131,14 +131,16 @@ def speed_run(run, second):
     s = {n: m for n, m in run["systems"].items() if n != "autoregressive"}
     assert "AVX-512" in run["cpu"] == second["cpu"] and "+changes" not in run["commit"], \
         "the run records its CPU, the AVX-512 profile's kind, and a clean commit"
-    assert all(m["same_as_autoregressive"] == run["prompts"] == 24 for m in s.values()), "every answer the plain decode's"
+    assert all(m["same_as_autoregressive"] == run["prompts"] == 24 for m in s.values()), \
+        "every answer the plain decode's"
     price = {n: m["drafted_per_step"] * m["c"] + m["target_per_step"] for n, m in s.items()}
     for n, m in s.items():
         assert abs(price[n] - m["tokens_per_step"] / m["loop_over_autoregressive"]) < 0.01, \
             f"{n}: drafting plus the target's phase must be the loop's price per step"
         assert max(m["by_pass"]) - min(m["by_pass"]) < 0.05, f"{n}: the passes agree within 0.05"
     assert {n: m["over_autoregressive"] for n, m in s.items()} == QUOTED_S, "the speedups the prose quotes"
-    assert s["eagle3"]["interval"][1] < s["token"]["interval"][0], "EAGLE-3 slower than the token draft, intervals apart"
+    assert s["eagle3"]["interval"][1] < s["token"]["interval"][0], \
+        "EAGLE-3 slower than the token draft, intervals apart"
     assert s["feature"]["interval"][0] < s["token"]["over_autoregressive"] < s["feature"]["interval"][1], \
         "the feature draft level with the token draft"
     first = {n: m["accepted_by_position"][0] for n, m in s.items()}
