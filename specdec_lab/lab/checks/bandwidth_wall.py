@@ -47,7 +47,7 @@ def decode_under_ceiling(bytes_per_param, cfg, context, bandwidth, measured):
 
 
 def plain_forward(target, seconds_by_rows, context):
-    """The plain forward's shape: 8 rows in one forward far cheaper than 8 forwards (`seconds_by_rows`, T ->
+    """The eager forward's shape: 8 rows in one forward far cheaper than 8 forwards (`seconds_by_rows`, T ->
     seconds, from the chapter's experiment), and two rows already dearer than one, timed here on `target`
     after `context` cached positions in 9 alternating rounds."""
     s1, s8 = seconds_by_rows[1], seconds_by_rows[8]
@@ -57,7 +57,7 @@ def plain_forward(target, seconds_by_rows, context):
     # two rows against one, timed in alternating rounds, so that a burst of the other core's work falls on both
     # (the median ratio was 1.30 to 1.59 on machines of this kind, AVX2 and AVX-512, busy and quiet)
     two_over_one = sorted(r[1] / r[0] for r in timing.forward_rows_rounds(target, [1, 2], context=context, rounds=9))[4]
-    assert two_over_one > 1.1, f"the plain forward: two rows already cost more than one ({two_over_one:.2f}x)"
+    assert two_over_one > 1.1, f"the eager forward: two rows already cost more than one ({two_over_one:.2f}x)"
 
 
 def stored_figures(held, file_bytes, expanded):
