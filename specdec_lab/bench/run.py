@@ -468,4 +468,3 @@ def cpu_name() -> str:
     flags = set(next((l.split(":", 1)[1].split() for l in info.splitlines() if l.startswith("flags")), []))
     widest = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "no AVX2"
     return f"{name} ({widest})"
-

@@ -23,8 +23,8 @@ def rms(t):
 
 def eagle3_claims(agree, match, outputs, reference, stored, se):
     """What this chapter claims of an EAGLE-3 draft: its greedy outputs `outputs` are the target's
-    `reference`; its teacher-forced agreement at depth 1 (`agree[0]`) lies within three of today's
-    bootstrap standard errors `se` of the `stored` depth-1 agreement; and at each depth its guesses are
+    `reference`; its teacher-forced agreement at depth 1 (`agree[0]`) reaches the `stored` depth-1
+    agreement less three of today's bootstrap standard errors `se`; and at each depth its guesses are
     the shipped draft's (`match`: the share of positions where they pick the same token) at 0.98 of
     positions or more, which float rounding in another engine leaves (it flips only near-ties)."""
     assert outputs == reference, "greedy speculative output must be the target's own greedy decode"
