@@ -18,7 +18,6 @@ neither c, the CPU nor the date.
 """
 import argparse
 import json
-import subprocess
 import time
 from datetime import datetime, timezone
 
@@ -27,6 +26,7 @@ import torch
 import specdec_lab as sl
 from specdec_lab.api import SpeculativeEngine, load_eagle3_draft, load_feature_draft
 from specdec_lab.bench.machine import cpu_name
+from specdec_lab.bench.record import commit
 from specdec_lab.bench.run import ratio_interval
 from specdec_lab.core.engine import autoregressive_generate
 from specdec_lab.core.text import encode_prompt
@@ -79,16 +79,6 @@ def summary(runs: dict, name: str, passes: int) -> dict:
                     "target_per_step": round(tot["target_seconds"] / tot["steps"] / plain_token, 3),
                     "drafted_per_step": round(tot["drafted"] / tot["steps"], 3)})
     return out
-
-
-def commit() -> str:
-    try:
-        head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
-                               text=True).stdout.strip()
-        return head + ("+changes" if dirty else "")
-    except OSError:
-        return "unknown"
 
 
 def main():

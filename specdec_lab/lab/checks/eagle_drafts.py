@@ -129,7 +129,7 @@ def speed_run(run, second):
     (drafted per step x c + target/step, in plain-decode tokens) equal to tokens per step over S_loop, the
     figures the prose quotes, and where EAGLE-3's dearer step went; `second` is the AVX-512 profile."""
     s = {n: m for n, m in run["systems"].items() if n != "autoregressive"}
-    assert "AVX-512" in run["cpu"] == second["cpu"] and "+changes" not in run["commit"], \
+    assert "AVX-512" in run["cpu"] and run["cpu"] == second["cpu"] and "+changes" not in run["commit"], \
         "the run records its CPU, the AVX-512 profile's kind, and a clean commit"
     assert all(m["same_as_autoregressive"] == run["prompts"] == 24 for m in s.values()), \
         "every answer the plain decode's"
